@@ -1,0 +1,116 @@
+"""Thin argparse front: every subcommand calls one function of `posbias.api`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import PosbiasError
+
+SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "demo"]
+
+
+def _print(obj) -> None:
+    print(json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+def _qa_task(sub, name, help_text):
+    p = sub.add_parser(name, help=help_text)
+    tasks = p.add_subparsers(dest="task", required=True, metavar="TASK")
+    return tasks.add_parser("qa", help=f"{help_text} (extractive QA)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="posbias", description=(
+        "Train, evaluate and diagnose extractive QA models with respect to position bias. "
+        "Configs are YAML presets (see configs/) with key.sub=value overrides."))
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = _qa_task(sub, "train", "train a model")
+    p.add_argument("-c", "--config", required=True, help="YAML file or preset name (demo, tiny, ...)")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.lr=1e-4")
+    p.add_argument("--resume", nargs="?", const="auto", default=None,
+                   help="continue from a checkpoint folder (default: <output_dir>/checkpoints/last)")
+    p.add_argument("--overwrite", action="store_true", help="start afresh in an output_dir that holds a run")
+
+    p = _qa_task(sub, "evaluate", "evaluate a checkpoint on a QA file")
+    p.add_argument("--model", "--checkpoint", dest="model", required=True,
+                   help="posbias checkpoint or Hugging Face *ForQuestionAnswering folder")
+    p.add_argument("--data", required=True, help="SQuAD JSON(.gz) or MRQA JSONL(.gz)")
+    p.add_argument("--output-dir", default=None, help="write predictions.json, nbest.json, metrics.json here")
+    p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. decode.max_answer_len=20")
+
+    p = _qa_task(sub, "predict", "answer questions with a checkpoint")
+    p.add_argument("--model", "--checkpoint", dest="model", required=True)
+    p.add_argument("--question")
+    p.add_argument("--context")
+    p.add_argument("--data", help="answer every question of this file instead")
+    p.add_argument("--output-dir", default=None)
+    p.add_argument("--n-best", type=int, default=None, help="candidates to list (default decode.n_best)")
+    p.add_argument("overrides", nargs="*")
+
+    p = _qa_task(sub, "score", "score an official-format predictions file")
+    p.add_argument("--data", required=True, help="the gold SQuAD/MRQA file")
+    p.add_argument("--predictions", required=True, help="JSON object: question id -> answer text")
+    p.add_argument("--na-probs", default=None, help="SQuAD v2 no-answer probabilities (id -> float)")
+    p.add_argument("--version", default="auto", choices=["auto", "1.1", "2.0"])
+
+    p = sub.add_parser("export", help="checkpoint -> Hugging Face AutoModelForQuestionAnswering folder")
+    p.add_argument("--model", "--checkpoint", dest="model", required=True)
+    p.add_argument("--out", required=True)
+
+    p = sub.add_parser("demo", help="fine-tune MiniLM on the bundled SQuAD slice and evaluate it")
+    p.add_argument("--output-dir", default=None, help="default runs/demo")
+    p.add_argument("overrides", nargs="*")
+    return ap
+
+
+def run(args) -> int:
+    from . import api
+
+    if args.command == "train":
+        _print(api.train(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite))
+    elif args.command == "evaluate":
+        _print(api.evaluate(args.model, args.data, args.output_dir, args.overrides))
+    elif args.command == "predict":
+        res = api.predict(args.model, args.question, args.context, args.data, args.output_dir,
+                          args.n_best, args.overrides)
+        if args.data is None:
+            top = res["q0"]
+            _print({"answer": top["answer"], "probability": top["probability"],
+                    "start_char": top["start_char"],
+                    "nbest": [{"text": c["text"], "probability": c["probability"]}
+                              for c in top["nbest"][: args.n_best or 5]]})
+        else:
+            _print({k: v["answer"] for k, v in res.items()})
+    elif args.command == "score":
+        _print(api.score(args.data, args.predictions, args.na_probs, args.version))
+    elif args.command == "export":
+        print(api.export(args.model, args.out))
+    elif args.command == "demo":
+        summary = api.demo(args.output_dir, args.overrides)
+        ev = summary.get("eval", {})
+        print(f"\nposbias demo: MiniLM fine-tuned on {summary['steps']} steps in "
+              f"{summary['train_seconds']:.0f} s of training ({summary['wall_seconds']:.0f} s in all)")
+        print(f"dev EM {ev.get('exact_match', float('nan')):.2f}  F1 {ev.get('f1', float('nan')):.2f}"
+              f"  ({ev.get('total', 0)} questions)")
+        out = summary["output_dir"]
+        print(f"model:       {out}/best\npredictions: {out}/eval/predictions.json\n"
+              f"logs:        {out}/train_log.jsonl, {out}/run_info.json")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except PosbiasError as e:
+        print(f"posbias: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("posbias: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

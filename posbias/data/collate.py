@@ -1,0 +1,76 @@
+"""Batches: a recorded, seed-determined data order with length grouping, and dynamic padding.
+
+Shape legend: b windows in a batch, s = longest window in the batch (no padding to max_seq_len).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .features import QAFeatures
+
+
+def batch_order(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, *,
+                length_grouping: bool = True, group_batches: int = 50) -> list[np.ndarray]:
+    """The epoch's batches of window indices; a pure function of (lengths, seed, epoch).
+
+    Every method run with the same seed sees the same batches in the same order (the papers'
+    "identical order of training instances"), because perturbations never change window lengths.
+
+    With `length_grouping`, windows are shuffled, cut into pools of `group_batches` batches, sorted by
+    length inside each pool and the resulting batches shuffled again: batches hold windows of
+    similar length, so dynamic padding wastes little, while the order stays random.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    perm = rng.permutation(len(lengths))
+    if not length_grouping:
+        return [perm[i:i + batch_size] for i in range(0, len(perm), batch_size)]
+    pool = batch_size * group_batches
+    batches = []
+    for p in range(0, len(perm), pool):
+        chunk = perm[p:p + pool]
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def collate(features: QAFeatures, idx, *, pad_id: int, padding_side: str = "right",
+            with_labels: bool = False) -> dict[str, torch.Tensor]:
+    """Pad windows `idx` to the longest of them.
+
+    Returns tensors: input_ids, attention_mask, token_type_ids (if any) (b, s); span_mask (b, s)
+    bool = context tokens; max_context (b, s) bool; cls_index (b,); pad_left (b,) tokens of left padding, which shift every
+    stored token position; window (b,) window indices; with labels start/end_positions (b,).
+    """
+    idx = np.asarray(idx)
+    lens = np.array([len(features.input_ids[i]) for i in idx])
+    b, s = len(idx), int(lens.max())
+    input_ids = np.full((b, s), pad_id, dtype=np.int64)
+    attn = np.zeros((b, s), dtype=np.int64)
+    ctx = np.zeros((b, s), dtype=bool)
+    maxc = np.zeros((b, s), dtype=bool)
+    types = np.zeros((b, s), dtype=np.int64) if features.token_type_ids is not None else None
+    pad_left = (s - lens) if padding_side == "left" else np.zeros(b, dtype=np.int64)
+    for r, i in enumerate(idx):
+        sl = slice(pad_left[r], pad_left[r] + lens[r])
+        input_ids[r, sl] = features.input_ids[i]
+        attn[r, sl] = 1
+        ctx[r, sl] = features.offsets[i][:, 0] >= 0
+        maxc[r, sl] = features.max_context[i]
+        if types is not None:
+            types[r, sl] = features.token_type_ids[i]
+    batch = {
+        "input_ids": torch.from_numpy(input_ids),
+        "attention_mask": torch.from_numpy(attn),
+        "span_mask": torch.from_numpy(ctx),
+        "max_context": torch.from_numpy(maxc),
+        "cls_index": torch.from_numpy(features.cls_index[idx] + pad_left),
+        "pad_left": torch.from_numpy(pad_left.astype(np.int64)),
+        "window": torch.from_numpy(idx.astype(np.int64)),
+    }
+    if types is not None:
+        batch["token_type_ids"] = torch.from_numpy(types)
+    if with_labels:
+        batch["start_positions"] = torch.from_numpy(features.start_positions[idx] + pad_left)
+        batch["end_positions"] = torch.from_numpy(features.end_positions[idx] + pad_left)
+    return batch

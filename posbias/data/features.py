@@ -1,0 +1,267 @@
+"""QA examples -> windows (features): sliding windows, offsets back to context characters, labels.
+
+Shape legend: n windows; L_i tokens in window i (no padding is stored: padding happens per batch).
+Each window is `[CLS] question [SEP] context-part [SEP]` (or context first for tokenizers that pad
+on the left, like XLNet), so a long context becomes several overlapping windows (`doc_stride`).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+from .examples import QAExample
+
+
+@dataclass
+class QAFeatures:
+    """Columnar windows; row i of every field describes window i.
+
+    Attributes:
+        input_ids: per window, token ids (L_i,) int64.
+        token_type_ids: per window (L_i,) or None when the tokenizer has no segment ids.
+        offsets: per window (L_i, 2) int64 character span in the context; -1 for non-context tokens.
+        max_context: per window (L_i,) bool, True where this window gives the token its maximal
+            context among the example's windows (original BERT's `token_is_max_context`).
+        cls_index: (n,) position of the [CLS] token (the null answer of SQuAD v2).
+        example_index: (n,) index of the window's example in the examples list.
+        start_positions, end_positions: (n,) token label, -1 for windows built without labels.
+    """
+
+    input_ids: list[np.ndarray]
+    token_type_ids: list[np.ndarray] | None
+    offsets: list[np.ndarray]
+    max_context: list[np.ndarray]
+    cls_index: np.ndarray
+    example_index: np.ndarray
+    start_positions: np.ndarray
+    end_positions: np.ndarray
+    stats: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(x) for x in self.input_ids], dtype=np.int64)
+
+    def context_mask(self, i: int) -> np.ndarray:
+        return self.offsets[i][:, 0] >= 0
+
+    def select(self, idx) -> "QAFeatures":
+        """A subset of windows (e.g. one process's shard); example indices are kept."""
+        idx = np.asarray(idx, dtype=np.int64)
+        pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
+        return QAFeatures(
+            input_ids=pick(self.input_ids),
+            token_type_ids=pick(self.token_type_ids) if self.token_type_ids is not None else None,
+            offsets=pick(self.offsets), max_context=pick(self.max_context),
+            cls_index=self.cls_index[idx], example_index=self.example_index[idx],
+            start_positions=self.start_positions[idx], end_positions=self.end_positions[idx],
+            stats=dict(self.stats))
+
+
+def check_fast_tokenizer(tokenizer) -> None:
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(
+            f"tokenizer {type(tokenizer).__name__} is not a fast (Rust) tokenizer: posbias needs "
+            "character offsets; use a tokenizer folder with tokenizer.json")
+
+
+def resolve_context_first(tokenizer, setting: str) -> bool:
+    """Context before question for tokenizers that pad on the left (the HF examples' rule)."""
+    if setting == "auto":
+        return tokenizer.padding_side == "left"
+    return setting == "true"
+
+
+def _truncate_questions(questions: list[str], tokenizer, max_query_len: int) -> tuple[list[str], int]:
+    """Cut questions to `max_query_len` tokens at a token boundary (original BERT's max_query_length).
+
+    Without this a very long question leaves no room for context and the tokenizer fails deep
+    inside overflow handling.
+    """
+    enc = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True)
+    out, n_cut = [], 0
+    for q, offs in zip(questions, enc["offset_mapping"]):
+        if len(offs) > max_query_len:
+            q = q[: offs[max_query_len - 1][1]]
+            n_cut += 1
+        out.append(q)
+    return out, n_cut
+
+
+def _label_tokens(offsets: np.ndarray, char_start: int, char_end: int) -> tuple[int, int] | None:
+    """Token span covering characters [char_start, char_end) in one window, or None if not inside.
+
+    offsets: (L, 2) with -1 rows for non-context tokens.
+    """
+    ctx = np.flatnonzero(offsets[:, 0] >= 0)
+    starts, ends = offsets[ctx, 0], offsets[ctx, 1]
+    # The answer must lie wholly inside the window's context part.
+    if len(ctx) == 0 or starts[0] > char_start or ends[-1] < char_end:
+        return None
+    s = ctx[np.searchsorted(starts, char_start, side="right") - 1]  # last token starting <= char_start
+    e = ctx[np.searchsorted(ends, char_end, side="left")]  # first token ending >= char_end
+    return int(s), int(e)
+
+
+def _max_context(offsets: list[np.ndarray], windows: list[int]) -> None:
+    """Mark, for one example's windows, where each context token has its maximal context.
+
+    Score of a token in a window = min(tokens left, tokens right) + 0.01 * window context length
+    (Devlin et al.'s run_squad rule). Tokens are identified across windows by their character start.
+    Returns a list of bool arrays parallel to `windows`.
+    """
+    keys, scores, owner, pos = [], [], [], []
+    for w in windows:
+        ctx = np.flatnonzero(offsets[w][:, 0] >= 0)
+        n = len(ctx)
+        rank = np.arange(n)
+        keys.append(offsets[w][ctx, 0])
+        scores.append(np.minimum(rank, n - 1 - rank) + 0.01 * n)
+        owner.append(np.full(n, w))
+        pos.append(ctx)
+    keys, scores, owner, pos = map(np.concatenate, (keys, scores, owner, pos))
+    # Sort by key, then by descending score (ties: earlier window wins, as the stable original).
+    order = np.lexsort((owner, -scores, keys))
+    first = np.ones(len(order), bool)
+    first[1:] = keys[order][1:] != keys[order][:-1]
+    masks = {w: np.zeros(len(offsets[w]), bool) for w in windows}
+    for w, p in zip(owner[order][first], pos[order][first]):
+        masks[w][p] = True
+    return [masks[w] for w in windows]
+
+
+def build_qa_features(
+    examples: list[QAExample],
+    tokenizer,
+    *,
+    max_seq_len: int = 384,
+    doc_stride: int = 128,
+    max_query_len: int = 64,
+    context_first: str = "auto",
+    train: bool = False,
+    version: int = 1,
+    label_policy=None,
+    unanswerable_windows: str = "auto",
+    seed: int = 0,
+    source: str = "<examples>",
+) -> QAFeatures:
+    """Tokenize examples into windows; with `train`, attach span labels.
+
+    Args:
+        examples: validated examples (see posbias.data.squad).
+        tokenizer: a fast Hugging Face tokenizer.
+        train: attach labels via `label_policy` and drop/redirect windows without the label.
+        version: 1 (every window's label must be inside the context) or 2 (null = [CLS]).
+        label_policy: `(example, rng) -> Answer | None`; defaults to the first answer.
+        unanswerable_windows: "drop", "cls" or "auto" (cls for v2, drop for v1).
+        source: file name used in error messages.
+    """
+    check_fast_tokenizer(tokenizer)
+    if not examples:
+        raise DataError(source, None, "no examples to build features from")
+    if label_policy is None:
+        from ..labels import first_answer as label_policy
+    if unanswerable_windows == "auto":
+        unanswerable_windows = "cls" if version == 2 else "drop"
+    if unanswerable_windows == "cls" and version == 1:
+        raise ConfigError("data.unanswerable_windows=cls needs data.version=2 (a null position in the head)")
+    ctx_first = resolve_context_first(tokenizer, context_first)
+
+    # HF strips leading whitespace from questions: some tokenizers would spend a token on it.
+    questions = [e.question.lstrip() for e in examples]
+    questions, n_cut = _truncate_questions(questions, tokenizer, max_query_len)
+    contexts = [e.context for e in examples]
+    first, second = (contexts, questions) if ctx_first else (questions, contexts)
+    try:
+        enc = tokenizer(first, second, truncation="only_first" if ctx_first else "only_second",
+                        max_length=max_seq_len, stride=doc_stride, return_overflowing_tokens=True,
+                        return_offsets_mapping=True, padding=False)
+    except Exception as err:  # find the culprit instead of surfacing a Rust stack trace
+        for e, q in zip(examples, questions):
+            try:
+                a, b = (e.context, q) if ctx_first else (q, e.context)
+                tokenizer(a, b, truncation="only_first" if ctx_first else "only_second",
+                          max_length=max_seq_len, stride=doc_stride, return_overflowing_tokens=True)
+            except Exception as one:
+                raise DataError(source, e.id, f"tokenizer failed: {one}") from None
+        raise DataError(source, None, f"tokenizer failed: {err}") from None
+
+    ctx_seq = 0 if ctx_first else 1
+    cls_id = tokenizer.cls_token_id
+    rng = random.Random(seed)
+    labels: dict[int, tuple[int, int] | None] = {}
+    if train:
+        for i, e in enumerate(examples):
+            a = None if e.is_impossible else label_policy(e, rng)
+            if a is None:
+                labels[i] = None
+                continue
+            # Answers with surrounding spaces would otherwise pull in a neighbouring token.
+            s, t = a.start, a.end
+            while s < t and e.context[s].isspace():
+                s += 1
+            while t > s and e.context[t - 1].isspace():
+                t -= 1
+            labels[i] = (s, t)
+
+    ids, types, offs, cls_idx, ex_idx, starts, ends = [], [], [], [], [], [], []
+    n_dropped = n_null = 0
+    has_types = "token_type_ids" in enc
+    for w, ex in enumerate(enc["overflow_to_sample_mapping"]):
+        seq_ids = enc.sequence_ids(w)
+        o = np.array(enc["offset_mapping"][w], dtype=np.int64).reshape(-1, 2)
+        o[np.array([s != ctx_seq for s in seq_ids])] = -1
+        input_ids = np.array(enc["input_ids"][w], dtype=np.int64)
+        cls = np.flatnonzero(input_ids == cls_id) if cls_id is not None else np.array([], int)
+        c = int(cls[0]) if len(cls) else 0
+        s = t = -1
+        if train:
+            span = labels[ex]
+            tok = _label_tokens(o, *span) if span is not None else None
+            if tok is None:
+                if unanswerable_windows == "drop" or (version == 1 and span is None):
+                    # v1 heads have no null position: a window without the answer teaches nothing.
+                    n_dropped += 1
+                    continue
+                s = t = c
+                n_null += 1
+            else:
+                s, t = tok
+        ids.append(input_ids)
+        types.append(np.array(enc["token_type_ids"][w], dtype=np.int64) if has_types else None)
+        offs.append(o)
+        cls_idx.append(c)
+        ex_idx.append(ex)
+        starts.append(s)
+        ends.append(t)
+
+    ex_idx_arr = np.array(ex_idx, dtype=np.int64)
+    max_ctx: list[np.ndarray | None] = [None] * len(offs)
+    by_example: dict[int, list[int]] = {}
+    for w, ex in enumerate(ex_idx):
+        by_example.setdefault(ex, []).append(w)
+    for windows in by_example.values():
+        for w, m in zip(windows, _max_context(offs, windows)):
+            max_ctx[w] = m
+
+    stats = {
+        "examples": len(examples),
+        "windows": len(ids),
+        "questions_truncated": n_cut,
+        "windows_dropped_without_answer": n_dropped,
+        "windows_labelled_null": n_null,
+        "examples_without_window": len(examples) - len(by_example),
+        "mean_window_tokens": float(np.mean([len(x) for x in ids])) if ids else 0.0,
+    }
+    if train and not ids:
+        raise DataError(source, None, "no training window contains its answer; check max_seq_len/doc_stride")
+    return QAFeatures(
+        input_ids=ids, token_type_ids=types if has_types else None, offsets=offs, max_context=max_ctx,
+        cls_index=np.array(cls_idx, dtype=np.int64), example_index=ex_idx_arr,
+        start_positions=np.array(starts, dtype=np.int64), end_positions=np.array(ends, dtype=np.int64),
+        stats=stats)

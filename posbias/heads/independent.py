@@ -1,0 +1,46 @@
+"""The "vanilla" independent start/end head (Devlin et al., 2019; Random Padding paper Eq. 1-2).
+
+Two vectors S, E score each token; P(start = i) is a softmax over context tokens only (and [CLS]
+for SQuAD v2); a span's score is S·T_i + E·T_j. Its weights are one Linear(d, 2) laid out like
+HF's `qa_outputs`, so `posbias export` can hand it to AutoModelForQuestionAnswering.
+
+Shape legend: b batch, s sequence, d hidden.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..registry import HEADS
+from .span_scores import candidate_mask, masked_logits
+
+
+class IndependentHead(nn.Module):
+    def __init__(self, hidden_size: int, null_answer: bool = False):
+        super().__init__()
+        self.null_answer = null_answer
+        self.qa_outputs = nn.Linear(hidden_size, 2)
+
+    def forward(self, hidden: torch.Tensor, batch: dict, targets: dict | None = None) -> dict:
+        logits = self.qa_outputs(hidden)  # (b, s, 2)
+        start, end = logits.unbind(-1)  # (b, s) each
+        mask = candidate_mask(batch["span_mask"], batch["cls_index"], self.null_answer)
+        out = {"start_logits": masked_logits(start, mask), "end_logits": masked_logits(end, mask)}
+        if targets is not None:
+            # Eq. 1-2: cross-entropy of softmaxes restricted to the candidates.
+            out["loss"] = (F.cross_entropy(out["start_logits"].float(), targets["start_positions"])
+                           + F.cross_entropy(out["end_logits"].float(), targets["end_positions"])) / 2
+        return out
+
+    def span_scores(self, scores: dict) -> torch.Tensor:
+        return scores["start_logits"][:, :, None] + scores["end_logits"][:, None, :]  # (b, s, s)
+
+    def null_scores(self, scores: dict, cls_index: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(cls_index.shape[0], device=cls_index.device)
+        return scores["start_logits"][rows, cls_index] + scores["end_logits"][rows, cls_index]  # (b,)
+
+
+@HEADS.register("independent")
+def independent(hidden_size: int, null_answer: bool = False) -> IndependentHead:
+    return IndependentHead(hidden_size, null_answer)

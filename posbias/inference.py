@@ -1,0 +1,128 @@
+"""Run a model over windows, decode answers, score them, write prediction files.
+
+Used by training (periodic evaluation) and by `posbias evaluate/predict qa`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .config import RunConfig, resolve_path
+from .data.collate import collate
+from .data.examples import QADataset, QAExample
+from .data.features import QAFeatures, build_qa_features
+from .decode import WindowCandidates, batch_candidates, decode
+from .errors import ConfigError
+from .utils import atomic_write_json
+
+
+def read_dataset(spec, on_bad_record: str = "error") -> QADataset:
+    """A QA file (or a list of shards) by path or bundled alias (`demo:train`, `demo:dev`)."""
+    from .data.squad import read_qa, read_squad_many
+
+    if isinstance(spec, (list, tuple)):
+        return read_squad_many([resolve_path(p) for p in spec], on_bad_record=on_bad_record)
+    return read_qa(resolve_path(spec), on_bad_record=on_bad_record)
+
+
+def eval_features(examples: list[QAExample], tokenizer, cfg: RunConfig, source: str) -> QAFeatures:
+    d = cfg.data
+    return build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
+                             max_query_len=d.max_query_len, context_first=d.context_first, train=False,
+                             source=source)
+
+
+def move(batch: dict, device) -> dict:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def run_windows(model, features: QAFeatures, *, pad_id: int, padding_side: str, batch_size: int,
+                n_best: int, max_answer_len: int, require_max_context: bool = False,
+                accelerator=None, progress: bool = True) -> WindowCandidates:
+    """Top-n_best spans of every window. With an accelerator the windows are split across processes
+    and the candidates gathered on every process."""
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    device = accelerator.device if accelerator else next(model.parameters()).device
+    # Longest first: similar lengths share a batch, so dynamic padding wastes little.
+    order = np.argsort(-features.lengths, kind="stable")[rank::world]
+    out = WindowCandidates.empty(len(features), n_best)
+    was_training = model.training
+    model.eval()
+    rows = []
+    with torch.inference_mode():
+        batches = range(0, len(order), batch_size)
+        for b in tqdm(batches, desc="eval", leave=False, disable=not progress or rank != 0):
+            idx = order[b:b + batch_size]
+            batch = move(collate(features, idx, pad_id=pad_id, padding_side=padding_side), device)
+            scores = model(batch)
+            sc, st, en, nu = batch_candidates(_unwrap(model).head, scores, batch, k=n_best,
+                                              max_answer_len=max_answer_len,
+                                              require_max_context=require_max_context)
+            out.fill(idx, sc, st, en, nu)
+            rows.append(idx)
+    model.train(was_training)
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        mine = np.concatenate(rows) if rows else np.array([], np.int64)
+        parts = gather_object([(mine, out.scores[mine], out.starts[mine], out.ends[mine], out.null[mine])])
+        for idx, sc, st, en, nu in parts:
+            out.fill(idx, sc, st, en, nu)
+    return out
+
+
+def _unwrap(model):
+    return getattr(model, "module", model)
+
+
+def score_predictions(examples: list[QAExample], predictions: dict, null_odds: dict, version: int) -> dict:
+    from . import metrics
+
+    gold = {e.id: e.gold_texts() for e in examples}
+    if version == 2:
+        return metrics.squad_v2(gold, predictions, na_probs=null_odds or None)
+    return metrics.squad_v1(gold, predictions)
+
+
+def predict_examples(model, tokenizer, cfg: RunConfig, examples: list[QAExample], *, source: str,
+                     accelerator=None, progress: bool = True):
+    """examples -> (predictions, nbest, null_odds, features, candidates)."""
+    feats = eval_features(examples, tokenizer, cfg, source)
+    cands = run_windows(model, feats, pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side,
+                        batch_size=cfg.train.eval_batch_size, n_best=cfg.decode.n_best,
+                        max_answer_len=cfg.decode.max_answer_len,
+                        require_max_context=cfg.decode.require_max_context, accelerator=accelerator,
+                        progress=progress)
+    version = 2 if _unwrap(model).null_answer else 1
+    preds, nbest, null_odds = decode(examples, feats, cands, n_best=cfg.decode.n_best, version=version,
+                                     null_threshold=cfg.decode.null_threshold)
+    return preds, nbest, null_odds, feats, cands
+
+
+def evaluate_dataset(model, tokenizer, cfg: RunConfig, dataset: QADataset, out_dir=None, *,
+                     accelerator=None, progress: bool = True) -> dict:
+    """Predict, score and (main process) write predictions.json, nbest.json, null_odds.json, metrics.json."""
+    preds, nbest, null_odds, feats, _ = predict_examples(model, tokenizer, cfg, dataset.examples,
+                                                         source=dataset.path, accelerator=accelerator,
+                                                         progress=progress)
+    version = 2 if _unwrap(model).null_answer else 1
+    result = score_predictions(dataset.examples, preds, null_odds, version)
+    result["windows"] = len(feats)
+    result["skipped_records"] = len(dataset.skipped)
+    if out_dir is not None and (accelerator is None or accelerator.is_main_process):
+        out = Path(out_dir)
+        atomic_write_json(out / "predictions.json", preds)
+        atomic_write_json(out / "nbest.json", nbest, indent=None)
+        atomic_write_json(out / "null_odds.json", null_odds)
+        atomic_write_json(out / "metrics.json", result)
+    return result
+
+
+def main_metric(result: dict) -> float:
+    """F1 of a v1 or v2 result dict (what best-checkpoint selection compares)."""
+    if "f1" not in result:
+        raise ConfigError(f"no f1 in evaluation result {sorted(result)}")
+    return float(result["f1"])

