@@ -178,13 +178,14 @@ def raw_encoder(cfg, run_dir: Path, n_batches: int) -> dict:
 
 # ---------------------------------------------------------------- decoding
 def classic_loop(examples, feats, start, end, n_best, max_answer_len):
-    """HF utils_qa.postprocess_qa_predictions: top-n start x top-n end indexes, one candidate at a time."""
+    """HF utils_qa.postprocess_qa_predictions (v1): per window the top-n start x top-n end indexes,
+    one candidate dict at a time; then n-best with texts and softmax probabilities."""
     by_ex = {}
     for w, e in enumerate(feats.example_index):
         by_ex.setdefault(int(e), []).append(w)
-    preds = {}
+    preds, all_nbest = {}, {}
     for i, ex in enumerate(examples):
-        cands = []
+        prelim = []
         for w in by_ex.get(i, []):
             s_log, e_log, off = start[w], end[w], feats.offsets[w]
             for s in np.argsort(s_log)[-1:-n_best - 1:-1].tolist():
@@ -193,12 +194,19 @@ def classic_loop(examples, feats, start, end, n_best, max_answer_len):
                         continue  # outside the context
                     if e < s or e - s + 1 > max_answer_len:
                         continue  # reversed or too long
-                    cands.append((float(s_log[s] + e_log[e]), ex.context[off[s, 0]:off[e, 1]]))
-        cands.sort(key=lambda c: -c[0])
-        top = cands[:n_best]
-        z = np.exp(np.array([c[0] for c in top]) - top[0][0])
-        _ = z / z.sum()  # probabilities, as HF computes them
-        preds[ex.id] = top[0][1] if top else ""
+                    prelim.append({"offsets": (off[s, 0], off[e, 1]), "score": s_log[s] + e_log[e],
+                                   "start_logit": s_log[s], "end_logit": e_log[e]})
+        nbest = sorted(prelim, key=lambda x: x["score"], reverse=True)[:n_best]
+        for p in nbest:
+            p["text"] = ex.context[p["offsets"][0]:p["offsets"][1]]
+        scores = np.array([p.pop("score") for p in nbest])
+        probs = np.exp(scores - np.max(scores))
+        probs /= probs.sum()
+        for prob, p in zip(probs, nbest):
+            p["probability"] = prob
+        preds[ex.id] = nbest[0]["text"] if nbest else ""
+        all_nbest[ex.id] = [{k: (float(v) if isinstance(v, (np.float16, np.float32, np.float64)) else v)
+                             for k, v in p.items()} for p in nbest]
     return preds
 
 

@@ -1,7 +1,7 @@
 """Scores + windows -> answers: per-window top spans, merged per question, n-best, v2 null answers.
 
 Shape legend: n windows, k spans kept per window, b batch, s sequence.
-Everything is vectorised (torch top-k over the band-masked span matrix, numpy group-by for the
+Everything is vectorised (torch top-k over the band of span scores, numpy group-by for the
 merge); the only Python loop runs over the kept n-best answers to cut their text.
 """
 from __future__ import annotations
@@ -50,7 +50,10 @@ def batch_candidates(head, scores: dict, batch: dict, *, k: int, max_answer_len:
     start_ok = batch["span_mask"]
     if require_max_context:
         start_ok = start_ok & batch["max_context"]
-    sc, st, en = top_spans(head.span_scores(scores), start_ok, batch["span_mask"], max_answer_len, k)
+    if hasattr(head, "top_spans"):
+        sc, st, en = head.top_spans(scores, start_ok, batch["span_mask"], max_answer_len, k)
+    else:
+        sc, st, en = top_spans(head.span_scores(scores, max_answer_len), start_ok, batch["span_mask"], k)
     pad = batch["pad_left"][:, None]
     # Back to unpadded window coordinates (left padding shifted every token right).
     st = torch.where(st >= 0, st - pad, st)
@@ -62,9 +65,18 @@ def batch_candidates(head, scores: dict, batch: dict, *, k: int, max_answer_len:
     return sc.cpu().numpy(), st.cpu().numpy(), en.cpu().numpy(), null.cpu().numpy()
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
+def _top_per_group(key: np.ndarray, score: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Order rows by (key, score descending) and keep the n best of each key.
+
+    Returns (row indices in that order, start offset of each kept group in the result)."""
+    order = np.lexsort((-score, key))
+    k = key[order]
+    starts = np.r_[0, np.flatnonzero(k[1:] != k[:-1]) + 1] if len(k) else np.zeros(0, np.int64)
+    rank = np.arange(len(k)) - np.repeat(starts, np.diff(np.r_[starts, len(k)]))
+    kept = order[rank < n]
+    kk = key[kept]
+    group = np.r_[0, np.flatnonzero(kk[1:] != kk[:-1]) + 1] if len(kk) else np.zeros(0, np.int64)
+    return kept, group
 
 
 def decode(examples: list[QAExample], features: QAFeatures, cands: WindowCandidates, *,
@@ -74,52 +86,63 @@ def decode(examples: list[QAExample], features: QAFeatures, cands: WindowCandida
     Returns:
         predictions: id -> answer text ("" = no answer, v2).
         nbest: id -> list of {text, probability, score, start_char, end_char, window, token_start,
-            token_end}, best first; probabilities are a softmax over the listed scores.
+            token_end}, best first; probabilities are a softmax over the listed scores (the null
+            answer, text "", competes in the list for v2, as in the HF examples).
         null_odds: id -> null score - best span score (v2 only, else empty).
     """
     n, k = cands.scores.shape
     ex = np.repeat(features.example_index, k)  # (n*k,)
     win = np.repeat(np.arange(n), k)
-    sc, st, en = cands.scores.reshape(-1), cands.starts.reshape(-1), cands.ends.reshape(-1)
+    sc = cands.scores.reshape(-1).astype(np.float64)
+    st, en = cands.starts.reshape(-1), cands.ends.reshape(-1)
     keep = st >= 0  # windows with fewer than k valid spans padded their rows with -1
     ex, win, sc, st, en = ex[keep], win[keep], sc[keep], st[keep], en[keep]
-    # Group by example, best score first; rank inside the group keeps the top n_best.
-    order = np.lexsort((-sc, ex))
-    ex, win, sc, st, en = ex[order], win[order], sc[order], st[order], en[order]
-    group_start = np.r_[0, np.flatnonzero(ex[1:] != ex[:-1]) + 1]
-    rank = np.arange(len(ex)) - np.repeat(group_start, np.diff(np.r_[group_start, len(ex)]))
-    top = rank < n_best
-    ex, win, sc, st, en = ex[top], win[top], sc[top], st[top], en[top]
+    kept, group = _top_per_group(ex, sc, n_best)
+    ex, win, sc, st, en = ex[kept], win[kept], sc[kept], st[kept], en[kept]
+    # Character spans and texts of the kept candidates (offsets gathered from one flat array).
+    base = np.r_[0, np.cumsum(features.lengths)[:-1]]
+    flat = np.concatenate(features.offsets)
+    c0, c1 = flat[base[win] + st, 0], flat[base[win] + en, 1]
+    contexts = [e.context for e in examples]
+    text = [contexts[e][a:b] for e, a, b in zip(ex.tolist(), c0.tolist(), c1.tolist())]
+    best_score = np.full(len(examples), -np.inf)
+    best_text = [""] * len(examples)
+    for g in group.tolist():  # spans are sorted: the first of each group is its question's best
+        best_score[ex[g]], best_text[ex[g]] = sc[g], text[g]
 
     null = None
     if version == 2:
         # The null score of a question is its lowest window [CLS] score (BERT / HF convention).
         null = np.full(len(examples), np.inf)
         np.minimum.at(null, features.example_index, cands.null.astype(np.float64))
+        has = np.flatnonzero(np.isfinite(null))
+        none = np.full(len(has), -1)
+        ex, win, sc = np.r_[ex, has], np.r_[win, none], np.r_[sc, null[has]]
+        st, en, c0, c1 = np.r_[st, none], np.r_[en, none], np.r_[c0, none], np.r_[c1, none]
+        text = text + [""] * len(has)
+        kept, group = _top_per_group(ex, sc, n_best)
+        ex, win, sc, st, en, c0, c1 = ex[kept], win[kept], sc[kept], st[kept], en[kept], c0[kept], c1[kept]
+        text = [text[i] for i in kept.tolist()]
 
-    spans: dict[int, list] = {}
-    for e, w, s, a, b in zip(ex.tolist(), win.tolist(), sc.tolist(), st.tolist(), en.tolist()):
-        o = features.offsets[w]
-        c0, c1 = int(o[a, 0]), int(o[b, 1])
-        spans.setdefault(e, []).append({"text": examples[e].context[c0:c1], "score": s, "start_char": c0,
-                                        "end_char": c1, "window": w, "token_start": a, "token_end": b})
+    # Softmax over each question's list (its first score is its maximum).
+    sizes = np.diff(np.r_[group, len(ex)])
+    z = np.exp(sc - np.repeat(sc[group], sizes))
+    prob = z / np.repeat(np.add.reduceat(z, group), sizes) if len(z) else z
+    rows = [{"text": t, "probability": p, "score": s, "start_char": a, "end_char": b, "window": w,
+             "token_start": i, "token_end": j}
+            for t, p, s, a, b, w, i, j in zip(text, prob.tolist(), sc.tolist(), c0.tolist(), c1.tolist(),
+                                               win.tolist(), st.tolist(), en.tolist())]
+    lists = {int(ex[g]): rows[g:g + m] for g, m in zip(group.tolist(), sizes.tolist())}
+
     predictions, nbest, null_odds = {}, {}, {}
     for i, example in enumerate(examples):
-        cand = spans.get(i, [])
-        best_span = cand[0] if cand else None
-        if version == 2 and np.isfinite(null[i]):
-            entry = {"text": "", "score": float(null[i]), "start_char": -1, "end_char": -1,
-                     "window": -1, "token_start": -1, "token_end": -1}
-            cand = sorted(cand + [entry], key=lambda c: -c["score"])[:n_best]
-        if cand:
-            probs = _softmax(np.array([c["score"] for c in cand], dtype=np.float64))
-            cand = [dict(c, probability=float(p)) for c, p in zip(cand, probs)]
-        nbest[example.id] = cand
+        nbest[example.id] = lists.get(i, [])
+        has_span = np.isfinite(best_score[i])
         if version == 2:
             # No span at all: as sure of "no answer" as JSON can say (Infinity is not valid JSON).
-            diff = float(null[i]) - best_span["score"] if best_span else 1e9
+            diff = float(null[i] - best_score[i]) if has_span else 1e9
             null_odds[example.id] = diff
-            predictions[example.id] = "" if best_span is None or diff > null_threshold else best_span["text"]
+            predictions[example.id] = best_text[i] if has_span and diff <= null_threshold else ""
         else:
-            predictions[example.id] = best_span["text"] if best_span else ""
+            predictions[example.id] = best_text[i]
     return predictions, nbest, null_odds

@@ -9,7 +9,8 @@ from posbias.data.collate import collate
 from posbias.data.features import build_qa_features
 from posbias.decode import WindowCandidates, batch_candidates, decode
 from posbias.heads.independent import IndependentHead
-from posbias.heads.span_scores import candidate_mask, masked_logits, top_spans
+from posbias.heads.span_scores import (band, band_from_matrix, candidate_mask, masked_logits, top_spans,
+                                       top_spans_additive)
 
 
 def reference_decode(examples, feats, start, end, *, n_best, max_answer_len, version, null_threshold=0.0):
@@ -110,15 +111,45 @@ def test_null_threshold_moves_answers_to_null(tokenizer, dev_examples):
 def test_top_spans_band_and_masks():
     m = torch.arange(16, dtype=torch.float32).reshape(1, 4, 4)  # score(i, j) = 4i + j
     ok = torch.tensor([[True, True, True, False]])
-    sc, st, en = top_spans(m, ok, ok, max_answer_len=2, k=5)
+    sc, st, en = top_spans(band_from_matrix(m, 2), ok, ok, k=5)
     # valid: (0,0) (0,1) (1,1) (1,2) (2,2); best first
     assert list(zip(st[0].tolist(), en[0].tolist())) == [(2, 2), (1, 2), (1, 1), (0, 1), (0, 0)]
-    sc, st, en = top_spans(m, ok, ok, max_answer_len=1, k=5)
-    assert st[0].tolist() == [2, 1, 0, -1, -1] and torch.isinf(sc[0, 3:]).all()
+    assert sc[0].tolist() == [10, 6, 5, 1, 0]
+    sc, st, en = top_spans(band_from_matrix(m, 1), ok, ok, k=5)
+    assert st[0].tolist() == [2, 1, 0, -1] and torch.isinf(sc[0, 3:]).all()  # k capped at s*L = 4
+
+
+def test_band_equals_matrix_band():
+    torch.manual_seed(0)
+    start, end = torch.randn(3, 9), torch.randn(3, 9)
+    head = IndependentHead(4)
+    got = head.span_scores({"start_logits": start, "end_logits": end}, 4)
+    want = band_from_matrix(start[:, :, None] + end[:, None, :], 4)
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(got[finite], want[finite])
+    assert (got[~finite] < -1e30).all()  # past the end of the sequence: never a candidate
+    assert band(torch.arange(5.0)[None], 3, -1.0)[0, :, 3].tolist() == [3.0, 4.0, -1.0]
 
 
 def test_top_spans_rejects_bad_ranks():
-    with pytest.raises(ValueError, match="span_matrix"):
-        top_spans(torch.zeros(4, 4), torch.ones(1, 4, dtype=bool), torch.ones(1, 4, dtype=bool), 3, 2)
+    with pytest.raises(ValueError, match="span_band"):
+        top_spans(torch.zeros(4, 4), torch.ones(1, 4, dtype=bool), torch.ones(1, 4, dtype=bool), 2)
     with pytest.raises(ValueError, match="start_ok"):
-        top_spans(torch.zeros(1, 4, 4), torch.ones(1, 3, dtype=bool), torch.ones(1, 4, dtype=bool), 3, 2)
+        top_spans(torch.zeros(1, 3, 4), torch.ones(1, 3, dtype=bool), torch.ones(1, 4, dtype=bool), 2)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_additive_fast_path_equals_band_top_k(seed):
+    g = torch.Generator().manual_seed(seed)
+    b, s, L, k = 6, 40, 7, 12
+    start, end = torch.randn(b, s, generator=g), torch.randn(b, s, generator=g)
+    start_ok = torch.rand(b, s, generator=g) > 0.3
+    end_ok = torch.rand(b, s, generator=g) > 0.3
+    start_ok[0] = False  # a row without any valid span
+    start_ok[1, :] = False
+    start_ok[1, 5] = end_ok[1, 5] = True  # a row with one start
+    fast = top_spans_additive(start, end, start_ok, end_ok, L, k)
+    slow = top_spans(start[:, None, :] + band(end, L, float("-inf")), start_ok, end_ok, k)
+    for f, w in zip(fast, slow):
+        torch.testing.assert_close(f, w)
+    assert (fast[1][0] == -1).all() and set(fast[1][1].tolist()) == {5, -1}

@@ -2,8 +2,12 @@
 
     forward(hidden (b, s, d), batch, targets=None) -> dict of score tensors, plus "loss" when
         `targets` (start_positions, end_positions) are given;
-    span_scores(scores) -> (b, s, s) score of every span (i, j) — decode takes its band-masked top-k;
-    null_scores(scores, cls_index) -> (b,) score of the null answer (SQuAD v2).
+    span_scores(scores, max_answer_len) -> (b, L, s) band of span scores, [b, l, i] = score of span
+        (i, i + l), L = min(max_answer_len, s) — decode takes its masked top-k (heads that build a
+        full (b, s, s) matrix can return `span_scores.band_from_matrix(matrix, L)`);
+    null_scores(scores, cls_index) -> (b,) score of the null answer (SQuAD v2);
+    optionally top_spans(scores, start_ok, end_ok, max_answer_len, k), a faster exact equivalent of
+        `span_scores.top_spans(span_scores(...), ...)` (the independent head's scores add up).
 
 Heads register a factory `(hidden_size, null_answer, **head_options) -> head` in
 `posbias.registry.HEADS`; importing this package registers the built-in ones.

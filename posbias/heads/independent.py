@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..registry import HEADS
-from .span_scores import candidate_mask, masked_logits
+from .span_scores import band, candidate_mask, masked_logits, top_spans_additive
 
 
 class IndependentHead(nn.Module):
@@ -33,8 +33,16 @@ class IndependentHead(nn.Module):
                            + F.cross_entropy(out["end_logits"].float(), targets["end_positions"])) / 2
         return out
 
-    def span_scores(self, scores: dict) -> torch.Tensor:
-        return scores["start_logits"][:, :, None] + scores["end_logits"][:, None, :]  # (b, s, s)
+    def span_scores(self, scores: dict, max_answer_len: int) -> torch.Tensor:
+        """(b, L, s) band: [b, l, i] = S·T_i + E·T_(i+l), L = min(max_answer_len, s)."""
+        width = min(max_answer_len, scores["end_logits"].shape[1])
+        end = band(scores["end_logits"], width, torch.finfo(scores["end_logits"].dtype).min)  # (b, L, s)
+        return scores["start_logits"][:, None, :] + end
+
+    def top_spans(self, scores: dict, start_ok, end_ok, max_answer_len: int, k: int):
+        """Fast path of decoding: span scores add up, so no (b, L, s) band is built."""
+        return top_spans_additive(scores["start_logits"], scores["end_logits"], start_ok, end_ok,
+                                  max_answer_len, k)
 
     def null_scores(self, scores: dict, cls_index: torch.Tensor) -> torch.Tensor:
         rows = torch.arange(cls_index.shape[0], device=cls_index.device)
