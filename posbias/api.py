@@ -60,7 +60,6 @@ def evaluate(model, data, output_dir=None, overrides=None, progress: bool = True
     and metrics into `output_dir` when given."""
     from .inference import evaluate_dataset, read_dataset
     from .model import load_checkpoint
-    from .utils import atomic_write_json, now_iso, versions
 
     net, tokenizer, mcfg = load_checkpoint(model)
     cfg = _checkpoint_config(mcfg, overrides)
@@ -70,12 +69,19 @@ def evaluate(model, data, output_dir=None, overrides=None, progress: bool = True
     t0 = time.time()
     result = evaluate_dataset(net, tokenizer, cfg, ds, output_dir, progress=progress)
     if output_dir is not None:
-        save_config(cfg, Path(output_dir) / "config.yaml")
-        atomic_write_json(Path(output_dir) / "run_info.json", {
-            "command": "evaluate", "model": str(model), "data": ds.path, "finished": now_iso(),
-            "seconds": round(time.time() - t0, 2), "skipped_records": ds.skipped[:100],
-            "seed": cfg.train.seed, "versions": versions()})
+        _write_run_meta(output_dir, cfg, "evaluate", model, ds.path, t0, skipped=ds.skipped)
     return result
+
+
+def _write_run_meta(output_dir, cfg: RunConfig, command: str, model, data, t0: float, skipped=()) -> None:
+    """config.yaml + run_info.json next to an evaluation's or prediction's outputs."""
+    from .utils import atomic_write_json, now_iso, versions
+
+    save_config(cfg, Path(output_dir) / "config.yaml")
+    atomic_write_json(Path(output_dir) / "run_info.json", {
+        "command": command, "model": str(model), "data": str(data), "finished": now_iso(),
+        "seconds": round(time.time() - t0, 2), "skipped_records": len(skipped), "skipped": list(skipped)[:100],
+        "seed": cfg.train.seed, "versions": versions()})
 
 
 def predict(model, question: str | None = None, context: str | None = None, data=None,
@@ -86,9 +92,8 @@ def predict(model, question: str | None = None, context: str | None = None, data
     predictions.json, nbest.json, null_odds.json.
     """
     from .data.examples import QAExample
-    from .inference import predict_examples, read_dataset
+    from .inference import predict_examples, read_dataset, write_predictions
     from .model import load_checkpoint
-    from .utils import atomic_write_json
 
     if (question is None) != (context is None) or (question is None) == (data is None):
         raise ConfigError("predict needs either question and context, or data")
@@ -97,9 +102,11 @@ def predict(model, question: str | None = None, context: str | None = None, data
     cfg = _checkpoint_config(mcfg, overrides)
     if extra:
         cfg = build_config(cfg.to_dict(), extra)
+    t0 = time.time()
+    skipped = []
     if data is not None:
         ds = read_dataset(data, cfg.data.on_bad_record)
-        examples, source = ds.examples, ds.path
+        examples, source, skipped = ds.examples, ds.path, ds.skipped
     else:
         if not question.strip() or not context.strip():
             raise ConfigError("question and context must be non-empty")
@@ -107,10 +114,8 @@ def predict(model, question: str | None = None, context: str | None = None, data
     preds, nbest, null_odds, _, _ = predict_examples(net, tokenizer, cfg, examples, source=source,
                                                      progress=progress)
     if output_dir is not None:
-        out = Path(output_dir)
-        atomic_write_json(out / "predictions.json", preds)
-        atomic_write_json(out / "nbest.json", nbest, indent=None)
-        atomic_write_json(out / "null_odds.json", null_odds)
+        write_predictions(output_dir, preds, nbest, null_odds)
+        _write_run_meta(output_dir, cfg, "predict", model, source, t0, skipped=skipped)
     result = {}
     for e in examples:
         top = next((c for c in nbest[e.id] if c["text"] == preds[e.id]), None)

@@ -107,8 +107,9 @@ def decode(examples: list[QAExample], features: QAFeatures, cands: WindowCandida
     text = [contexts[e][a:b] for e, a, b in zip(ex.tolist(), c0.tolist(), c1.tolist())]
     best_score = np.full(len(examples), -np.inf)
     best_text = [""] * len(examples)
+    ex_list, sc_list = ex.tolist(), sc.tolist()
     for g in group.tolist():  # spans are sorted: the first of each group is its question's best
-        best_score[ex[g]], best_text[ex[g]] = sc[g], text[g]
+        best_score[ex_list[g]], best_text[ex_list[g]] = sc_list[g], text[g]
 
     null = None
     if version == 2:
@@ -135,14 +136,15 @@ def decode(examples: list[QAExample], features: QAFeatures, cands: WindowCandida
     lists = {int(ex[g]): rows[g:g + m] for g, m in zip(group.tolist(), sizes.tolist())}
 
     predictions, nbest, null_odds = {}, {}, {}
+    has_span = np.isfinite(best_score).tolist()
+    if version == 2:
+        # No span at all: as sure of "no answer" as JSON can say (Infinity is not valid JSON).
+        odds = np.where(has_span, null - best_score, 1e9).tolist()
     for i, example in enumerate(examples):
         nbest[example.id] = lists.get(i, [])
-        has_span = np.isfinite(best_score[i])
         if version == 2:
-            # No span at all: as sure of "no answer" as JSON can say (Infinity is not valid JSON).
-            diff = float(null[i] - best_score[i]) if has_span else 1e9
-            null_odds[example.id] = diff
-            predictions[example.id] = best_text[i] if has_span and diff <= null_threshold else ""
+            null_odds[example.id] = odds[i]
+            predictions[example.id] = best_text[i] if has_span[i] and odds[i] <= null_threshold else ""
         else:
             predictions[example.id] = best_text[i]
     return predictions, nbest, null_odds

@@ -113,12 +113,17 @@ def evaluate_dataset(model, tokenizer, cfg: RunConfig, dataset: QADataset, out_d
     result["windows"] = len(feats)
     result["skipped_records"] = len(dataset.skipped)
     if out_dir is not None and (accelerator is None or accelerator.is_main_process):
-        out = Path(out_dir)
-        atomic_write_json(out / "predictions.json", preds)
-        atomic_write_json(out / "nbest.json", nbest, indent=None)
-        atomic_write_json(out / "null_odds.json", null_odds)
-        atomic_write_json(out / "metrics.json", result)
+        write_predictions(out_dir, preds, nbest, null_odds)
+        atomic_write_json(Path(out_dir) / "metrics.json", result)
     return result
+
+
+def write_predictions(out_dir, predictions: dict, nbest: dict, null_odds: dict) -> None:
+    """predictions.json (official format), nbest.json, null_odds.json (official na_prob format)."""
+    out = Path(out_dir)
+    atomic_write_json(out / "predictions.json", predictions)
+    atomic_write_json(out / "nbest.json", nbest, indent=None)
+    atomic_write_json(out / "null_odds.json", null_odds)
 
 
 def main_metric(result: dict) -> float:

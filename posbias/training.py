@@ -37,7 +37,7 @@ from .inference import evaluate_dataset, main_metric, move, read_dataset
 from .model import build_model, load_tokenizer, save_checkpoint
 from .perturb import build_perturbations
 from .registry import LABEL_POLICIES
-from .utils import atomic_write_json, now_iso, replace_dir, set_seed, versions
+from .utils import atomic_write_json, atomic_write_text, now_iso, replace_dir, set_seed, versions
 
 # Keys that may change when a run is resumed (extending or re-scheduling it); anything else must
 # equal the checkpoint's config, or the resumed run would silently be a different experiment.
@@ -50,6 +50,14 @@ def _param_groups(model, weight_decay: float):
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _adamw(groups, lr: float):
+    """AdamW, fused where the build supports it (on CPU: 40 ms instead of 147 ms per MiniLM step)."""
+    try:
+        return torch.optim.AdamW(groups, lr=lr, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.AdamW(groups, lr=lr)
 
 
 def _check_resume(cfg: RunConfig, ckpt: Path) -> None:
@@ -139,11 +147,12 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     # ---- model, optimizer, schedule
     set_seed(t.seed)  # head initialisation independent of how much data was read
     model = build_model(cfg.model, tokenizer, null_answer=version == 2)
-    if model.encoder.config.max_position_embeddings < d.max_seq_len:
-        raise ConfigError(f"data.max_seq_len ({d.max_seq_len}) exceeds the encoder's "
-                          f"max_position_embeddings ({model.encoder.config.max_position_embeddings})")
+    n_pos = getattr(model.encoder.config, "max_position_embeddings", None)
+    if n_pos is not None and model.position_base + d.max_seq_len > n_pos:
+        raise ConfigError(f"data.max_seq_len ({d.max_seq_len}) + first position id ({model.position_base}) "
+                          f"exceeds the encoder's max_position_embeddings ({n_pos})")
     perturbations = build_perturbations(cfg.perturb, cfg)
-    optimizer = torch.optim.AdamW(_param_groups(model, t.weight_decay), lr=t.lr)
+    optimizer = _adamw(_param_groups(model, t.weight_decay), t.lr)
     n_batches = len(batch_order(lengths, t.batch_size, t.seed, 0, length_grouping=t.length_grouping,
                                 group_batches=t.group_batches))
     sched = _Schedule(n_batches, acc.num_processes, t.grad_accum)
@@ -179,9 +188,14 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     }
     if main:
         out.mkdir(parents=True, exist_ok=True)
-        if resume is None:
+        if resume is None:  # a fresh start (--overwrite): nothing of an earlier run may survive
             for stale in ("train_log.jsonl", "eval_log.jsonl"):
                 (out / stale).unlink(missing_ok=True)
+            for stale in ("best", "eval", "checkpoints", "data_order", "eval.tmp", "best.tmp"):
+                shutil.rmtree(out / stale, ignore_errors=True)
+        else:  # steps after the checkpoint will run again: drop their log lines
+            for log in ("train_log.jsonl", "eval_log.jsonl"):
+                _truncate_log(out / log, state["global_step"])
         save_config(cfg, out / "config.yaml")
         atomic_write_json(out / "run_info.json", run_info)
 
@@ -287,6 +301,20 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         atomic_write_json(out / "run_info.json", run_info)
     acc.end_training()
     return summary
+
+
+def _truncate_log(path: Path, last_step: int) -> None:
+    """Keep the log lines of steps up to `last_step` (a crash may also have cut the last line short)."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                keep.append(line + "\n")
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    atomic_write_text(path, "".join(keep))
 
 
 def _save_best(raw_model, cfg, tokenizer, out: Path, step: int, result: dict | None) -> None:

@@ -1,6 +1,7 @@
 """train -> evaluate -> predict -> score -> export, resume, CLI behaviour, multi-process training."""
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +143,8 @@ def test_resume_continues_from_saved_step(tmp_path):
     run = tmp_path / "run"
     assert json.loads((run / "checkpoints/last/trainer_state.json").read_text())["global_step"] == 2
     assert not (run / "checkpoints/last.tmp").exists()
+    with open(run / "train_log.jsonl", "a") as f:  # a line past the checkpoint and a cut-off one
+        f.write(json.dumps({"step": 3, "loss": 1.0}) + "\n" + '{"step": 4, "lo')
     _INTERRUPT.update(at=None, calls=0)
     summary = posbias.train(cfg, resume="auto", progress=False)
     assert summary["steps"] == 5 and _INTERRUPT["calls"] == 3  # only steps 3, 4, 5 ran
@@ -200,7 +203,10 @@ def test_two_process_training_with_torchrun(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", "29517",
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port),
                         "-m", "posbias", "train", "qa", "-c", str(path)],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

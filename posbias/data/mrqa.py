@@ -12,8 +12,8 @@ import json
 from collections.abc import Iterator
 
 from posbias.data.examples import Answer, QADataset, QAExample
-from posbias.data.squad import (blame_questions, check_on_bad_record, collect, duplicate,
-                                is_int, is_text, read_text)
+from posbias.data.squad import (blame_questions, check_on_bad_record, collect, context_problem,
+                                duplicate, is_int, is_text, read_text)
 from posbias.errors import DataError
 
 
@@ -51,15 +51,7 @@ def parse_mrqa(path, text: str, on_bad_record: str = "error",
 
 def _context(path, record, n, seen, check_offsets) -> Iterator[QAExample | DataError]:
     where = f"line {n}"
-    qas = record.get("qas") if isinstance(record, dict) else None
-    if not isinstance(record, dict):
-        reason = "line must be a JSON object"
-    elif not is_text(record.get("context")):
-        reason = f"context must be a non-empty string, got {record.get('context')!r:.40}"
-    elif not isinstance(qas, list):
-        reason = "qas must be a list"
-    else:
-        reason = None
+    qas, reason = context_problem(record, "line")
     if reason:
         yield from blame_questions(path, qas, where, reason, id_key="qid")
         return

@@ -83,6 +83,18 @@ def collect(items: Iterable[QAExample | DataError], on_bad_record: str,
             skipped.append((str(item.record), item.reason))
 
 
+def context_problem(record, what: str) -> tuple[list | None, str | None]:
+    """(its qas, why a context record {"context", "qas"} is unusable — or None when it is fine)."""
+    qas = record.get("qas") if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        return qas, f"{what} must be a JSON object"
+    if not is_text(record.get("context")):
+        return qas, f"context must be a non-empty string, got {record.get('context')!r:.40}"
+    if not isinstance(qas, list):
+        return qas, "qas must be a list"
+    return qas, None
+
+
 def duplicate(seen: dict[str, tuple[str, str]], qid: str, path: str) -> str | None:
     """The reason a question id is a repeat, or None; `seen` maps id -> (path, where)."""
     if qid not in seen:
@@ -118,7 +130,7 @@ def read_qa(path, on_bad_record: str = "error", check_offsets: bool = True) -> Q
 
     check_on_bad_record(on_bad_record)
     text = read_text(path)
-    first = next((line for line in text.split("\n") if line.strip()), "")
+    first = text.lstrip().split("\n", 1)[0]  # first non-empty line, without splitting the whole file
     try:
         head = json.loads(first)
     except json.JSONDecodeError:
@@ -178,15 +190,7 @@ def _article(path, article, i, seen, check_offsets) -> Iterator[QAExample | Data
 
 def _paragraph(path, paragraph, title, where, seen,
                check_offsets) -> Iterator[QAExample | DataError]:
-    qas = paragraph.get("qas") if isinstance(paragraph, dict) else None
-    if not isinstance(paragraph, dict):
-        reason = "paragraph must be a JSON object"
-    elif not is_text(paragraph.get("context")):
-        reason = f"context must be a non-empty string, got {paragraph.get('context')!r:.40}"
-    elif not isinstance(qas, list):
-        reason = "qas must be a list"
-    else:
-        reason = None
+    qas, reason = context_problem(paragraph, "paragraph")
     if reason:
         yield from blame_questions(path, qas, where, reason)
         return
