@@ -6,6 +6,7 @@
     answers = posbias.predict("runs/demo/best", question="Who?", context="...")
     scores  = posbias.score("dev.json", "predictions.json")
     posbias.export("runs/demo/best", "hf_model/")
+    posbias.experiment_run("smoke"); posbias.experiment_report("runs/experiments/smoke")
 """
 from __future__ import annotations
 
@@ -146,6 +147,31 @@ def demo(output_dir: str | None = None, overrides=None, progress: bool = True) -
         extra.append(f"train.output_dir={output_dir}")
     cfg = load_config("demo", extra)
     return train(cfg, overwrite=True, progress=progress)
+
+
+def experiment_run(spec, output_dir=None, **kw) -> dict:
+    """Run (or resume) an experiment grid; see `posbias.experiment.run_experiment`."""
+    from .experiment import run_experiment
+
+    return run_experiment(experiment_spec_path(spec), output_dir, **kw)
+
+
+def experiment_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
+    """Write report.md, report.html and plots/ for an experiment folder."""
+    from .analysis.report import write_report
+
+    return write_report(exp_dir, bootstrap_samples=bootstrap_samples)
+
+
+def experiment_spec_path(spec):
+    """A spec path, or the name of a bundled experiment (configs/experiments/<name>.yaml)."""
+    if isinstance(spec, dict) or Path(spec).is_file():
+        return spec
+    named = PRESETS / "experiments" / f"{spec}.yaml"
+    if named.is_file():
+        return named
+    names = sorted(x.stem for x in (PRESETS / "experiments").glob("*.yaml"))
+    raise ConfigError(f"experiment {spec!r} is neither a file nor a bundled experiment; bundled: {names}")
 
 
 def presets() -> dict[str, dict]:

@@ -7,7 +7,7 @@ import sys
 
 from .errors import PosbiasError
 
-SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "demo"]
+SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "demo", "experiment"]
 
 
 def _print(obj) -> None:
@@ -59,6 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", "--checkpoint", dest="model", required=True)
     p.add_argument("--out", required=True)
 
+    p = sub.add_parser("experiment", help="multi-seed method comparisons: run a grid, report it")
+    ex = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = ex.add_parser("run", help="run (or resume) every run of an experiment spec")
+    q.add_argument("spec", help="experiment YAML, e.g. configs/experiments/smoke.yaml, or a preset name")
+    q.add_argument("--output-dir", default=None, help="default: the spec's output_dir")
+    q.add_argument("--launcher", default="local", choices=["local", "accelerate"],
+                   help="local: in this process; accelerate: each run via `accelerate launch`")
+    q.add_argument("--accelerate-args", default="", help="extra arguments for accelerate launch")
+    q.add_argument("--dry-run", action="store_true", help="print the expanded runs and their commands")
+    q.add_argument("--force", action="store_true", help="redo runs whose config changed")
+    q = ex.add_parser("report", help="aggregate an experiment folder into report.md/.html + plots")
+    q.add_argument("dir")
+    q.add_argument("--bootstrap-samples", type=int, default=10_000)
+
     p = sub.add_parser("demo", help="fine-tune MiniLM on the bundled SQuAD slice and evaluate it")
     p.add_argument("--output-dir", default=None, help="default runs/demo")
     p.add_argument("overrides", nargs="*")
@@ -87,6 +101,18 @@ def run(args) -> int:
         _print(api.score(args.data, args.predictions, args.na_probs, args.version))
     elif args.command == "export":
         print(api.export(args.model, args.out))
+    elif args.command == "experiment" and args.action == "run":
+        res = api.experiment_run(args.spec, args.output_dir, launcher=args.launcher,
+                                 accelerate_args=args.accelerate_args, dry_run=args.dry_run, force=args.force)
+        if args.dry_run:
+            for r in res["runs"]:
+                print(f"{r['name']}\t{r['config_hash']}\t{r['command']}")
+        else:
+            print(f"experiment {res['experiment']}: ran {len(res['ran'])}, skipped {len(res['skipped_finished'])} "
+                  f"finished; results in {res['output_dir']}/experiment.sqlite")
+            print(f"next: posbias experiment report {res['output_dir']}")
+    elif args.command == "experiment" and args.action == "report":
+        _print(api.experiment_report(args.dir, bootstrap_samples=args.bootstrap_samples))
     elif args.command == "demo":
         summary = api.demo(args.output_dir, args.overrides)
         ev = summary.get("eval", {})

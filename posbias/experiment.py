@@ -185,3 +185,275 @@ def connect(db_path) -> sqlite3.Connection:
 def run_status(conn, name: str) -> tuple[str | None, str | None]:
     row = conn.execute("SELECT status, config_hash FROM runs WHERE name = ?", (name,)).fetchone()
     return (row[0], row[1]) if row else (None, None)
+
+
+# --------------------------------------------------------------------------------------- execution
+def plan(exp: Experiment, launcher: str = "local", accelerate_args: str = "") -> list[dict]:
+    """The expanded run list, with the command that trains each run on its own."""
+    rows = []
+    for run in exp.runs:
+        cfg_file = run.output_dir / "run_config.yaml"
+        if launcher == "accelerate":
+            cmd = f"accelerate launch {accelerate_args} -m posbias train qa -c {cfg_file} --resume".replace("  ", " ")
+        else:
+            cmd = f"posbias train qa -c {cfg_file} --resume"
+        rows.append({"name": run.name, "method": run.method, "seed": run.seed, "dataset": run.dataset,
+                     "train_size": run.train_size, "config_hash": run.config_hash,
+                     "output_dir": str(run.output_dir), "command": cmd})
+    return rows
+
+
+def run_experiment(spec, output_dir: str | None = None, *, launcher: str = "local",
+                   accelerate_args: str = "", dry_run: bool = False, force: bool = False,
+                   progress: bool = True) -> dict:
+    """Run every unfinished run of the grid; finished runs are skipped, interrupted ones resumed.
+
+    A run whose config changed since it was recorded is refused (all are checked before anything
+    runs) unless `force`, which redoes it from scratch.
+    """
+    if launcher not in ("local", "accelerate"):
+        raise ConfigError(f"--launcher must be local or accelerate, got {launcher!r}")
+    exp = load_experiment(spec, output_dir)
+    if dry_run:
+        # Each run's config is written so that the printed commands work as they are, e.g. on the
+        # nodes of a cluster; a later `experiment run` then only collects the finished runs.
+        from .config import save_config
+
+        for run in exp.runs:
+            save_config(run.config, run.output_dir / "run_config.yaml")
+        return {"experiment": exp.name, "output_dir": str(exp.output_dir), "runs": plan(exp, launcher, accelerate_args)}
+    exp.output_dir.mkdir(parents=True, exist_ok=True)
+    _save_spec(exp, spec)
+    done, ran = [], []
+    with closing(connect(exp.db_path)) as conn:
+        changed = []
+        for run in exp.runs:
+            _, old_hash = run_status(conn, run.name)
+            if old_hash is not None and old_hash != run.config_hash:
+                changed.append(run.name)
+        if changed and not force:
+            raise ConfigError(
+                f"experiment {exp.name}: the config of run {changed[0]} changed since it was recorded "
+                f"({len(changed)} run(s) in all); use a new output_dir, revert the spec, or pass --force "
+                "to redo them")
+        for i, run in enumerate(exp.runs):
+            status, old_hash = run_status(conn, run.name)
+            if status == "finished" and old_hash == run.config_hash:
+                done.append(run.name)
+                continue
+            fresh = old_hash is not None and old_hash != run.config_hash  # --force on a changed run
+            print(f"[{i + 1}/{len(exp.runs)}] {run.name}", file=sys.stderr, flush=True)
+            execute_run(exp, run, conn, fresh=fresh, launcher=launcher, accelerate_args=accelerate_args,
+                        progress=progress)
+            ran.append(run.name)
+    return {"experiment": exp.name, "output_dir": str(exp.output_dir), "skipped_finished": done, "ran": ran}
+
+
+def _save_spec(exp: Experiment, spec) -> None:
+    from .utils import atomic_write_text
+
+    d = load_yaml(spec) if not isinstance(spec, dict) else dict(spec)
+    d["baseline"] = exp.baseline  # explicit, so the report never depends on key order
+    atomic_write_text(exp.output_dir / "experiment.yaml", yaml.safe_dump(d, sort_keys=False))
+
+
+def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launcher: str = "local",
+                accelerate_args: str = "", progress: bool = True) -> dict:
+    """Train (resuming its last checkpoint if any), evaluate, and record the run in one transaction."""
+    from .config import save_config
+    from .training import train
+    from .utils import now_iso, versions
+
+    started = now_iso()
+    t0 = time.time()
+    with conn:
+        conn.execute(
+            "INSERT INTO runs (name, method, seed, dataset, train_size, config_hash, config_json, output_dir, "
+            "status, started) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?) ON CONFLICT(name) DO UPDATE SET "
+            "config_hash=excluded.config_hash, config_json=excluded.config_json, status='running', "
+            "started=excluded.started",
+            (run.name, run.method, run.seed, run.dataset, run.train_size, run.config_hash,
+             json.dumps(run.config.to_dict()), str(run.output_dir), started))
+    resumable = (run.output_dir / "checkpoints" / "last" / "trainer_state.json").is_file() and not fresh
+    save_config(run.config, run.output_dir / "run_config.yaml")
+    if launcher == "accelerate":
+        cmd = ["accelerate", "launch", *accelerate_args.split(), "-m", "posbias", "train", "qa",
+               "-c", str(run.output_dir / "run_config.yaml"), "--resume" if resumable else "--overwrite"]
+        r = subprocess.run(cmd)
+        if r.returncode != 0:
+            raise RuntimeError(f"run {run.name}: `{' '.join(cmd)}` exited with {r.returncode}")
+        summary = json.loads((run.output_dir / "run_info.json").read_text())["summary"]
+    else:
+        summary = train(run.config, resume="auto" if resumable else None, overwrite=not resumable,
+                        progress=progress)
+    results = collect_results(exp, run)
+    with conn:  # one transaction: a run is recorded whole or not at all
+        for table in ("segments", "question_scores", "curves"):
+            conn.execute(f"DELETE FROM {table} WHERE run = ?", (run.name,))
+        conn.executemany("INSERT INTO question_scores VALUES (?, ?, ?, ?, ?)",
+                         [(run.name, es, q, em, f1) for es, scores in results["questions"].items()
+                          for q, (em, f1) in scores.items()])
+        conn.executemany("INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         [(run.name, *row) for row in results["segments"]])
+        conn.executemany("INSERT INTO curves VALUES (?, ?, ?, ?)",
+                         [(run.name, *row) for row in results["curves"]])
+        conn.execute("UPDATE runs SET status='finished', finished=?, wall_seconds=?, train_seconds=?, "
+                     "metrics_json=?, versions_json=? WHERE name=?",
+                     (now_iso(), time.time() - t0, summary.get("train_seconds"),
+                      json.dumps(results["metrics"]), json.dumps(versions()), run.name))
+    return results
+
+
+def collect_results(exp: Experiment, run: Run) -> dict:
+    """Metrics, per-question scores, segment metrics and learning curves of a trained run.
+
+    The validation set is the run's `data.eval_file` (scored during training by its best
+    checkpoint); each of the experiment's `eval_sets` is scored now with that checkpoint.
+    """
+    from . import metrics as M
+    from .api import evaluate
+    from .inference import read_dataset
+
+    out = run.output_dir
+    info = json.loads((out / "run_info.json").read_text())
+    version = "2.0" if info.get("data_version") == 2 else "1.1"
+    sets = {}
+    if run.config.data.eval_file:
+        sets["val"] = (run.config.data.eval_file, out / "eval")
+    for name, path in exp.eval_sets.items():
+        target = out / "evals" / name
+        if not (target / "metrics.json").is_file():
+            # Eval sets are scored whole: data.max_eval_examples caps only the validation set.
+            evaluate(out / "best", path, target, overrides=["data.max_eval_examples=null"], progress=False)
+        sets[name] = (path, target)
+    metrics, questions, segments = {}, {}, []
+    for name, (path, folder) in sets.items():
+        ds = read_dataset(path, run.config.data.on_bad_record)
+        if name == "val" and run.config.data.max_eval_examples:
+            ds.examples = ds.examples[: run.config.data.max_eval_examples]
+        preds = json.loads((folder / "predictions.json").read_text())
+        metrics[name] = json.loads((folder / "metrics.json").read_text())
+        # The predictions already apply decode.null_threshold (v2): score them as they are.
+        scores = M.per_question(ds.gold(), preds, version=version)
+        questions[name] = scores
+        for seg_name in exp.segments:
+            labels = SEGMENTERS.get(seg_name)(ds.examples, folder, out / "best")
+            for label in sorted(set(labels.values())):
+                qids = [q for q, lab in labels.items() if lab == label and q in scores]
+                em = sum(scores[q][0] for q in qids) / max(len(qids), 1) * 100
+                f1 = sum(scores[q][1] for q in qids) / max(len(qids), 1) * 100
+                segments.append((name, seg_name, str(label), len(qids), em, f1))
+    curves = []
+    for line in (out / "train_log.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        curves.append(("loss", r["step"], r["loss"]))
+    if (out / "eval_log.jsonl").is_file():
+        for line in (out / "eval_log.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            curves.append(("val_f1", r["step"], r["f1"]))
+    return {"metrics": metrics, "questions": questions, "segments": segments, "curves": curves}
+
+
+# -------------------------------------------------------------------------------------- aggregation
+def load_results(exp_dir) -> dict:
+    """Everything the report needs, read from `<exp_dir>/experiment.sqlite`."""
+    db = Path(exp_dir) / "experiment.sqlite"
+    if not db.is_file():
+        raise ConfigError(f"{exp_dir} holds no experiment.sqlite (run `posbias experiment run` first)")
+    spec = load_yaml(Path(exp_dir) / "experiment.yaml") if (Path(exp_dir) / "experiment.yaml").is_file() else {}
+    with closing(sqlite3.connect(str(db))) as conn:
+        conn.row_factory = sqlite3.Row
+        runs = [dict(r) for r in conn.execute("SELECT * FROM runs ORDER BY name")]
+        segments = [dict(r) for r in conn.execute("SELECT * FROM segments")]
+        curves = [dict(r) for r in conn.execute("SELECT * FROM curves ORDER BY run, kind, step")]
+        questions = [dict(r) for r in conn.execute("SELECT * FROM question_scores")]
+    for r in runs:
+        r["metrics"] = json.loads(r["metrics_json"]) if r["metrics_json"] else {}
+    methods = list((spec.get("methods") or {}).keys()) or sorted({r["method"] for r in runs})
+    baseline = spec.get("baseline", methods[0] if methods else None)
+    return {"name": spec.get("name", Path(exp_dir).name), "spec": spec, "runs": runs, "segments": segments,
+            "curves": curves, "questions": questions, "methods": methods, "baseline": baseline}
+
+
+def metric_value(metrics: dict, name: str) -> float | None:
+    """EM/F1 of a v1 (`exact_match`) or v2 (`exact`) result dict."""
+    if name == "EM":
+        return metrics.get("exact_match", metrics.get("exact"))
+    return metrics.get("f1")
+
+
+def aggregate(results: dict, bootstrap_samples: int = 10_000) -> list[dict]:
+    """Per dataset x train size x eval set x method x metric: mean ± std over seeds, and the
+    difference to the baseline with a paired t-test over seeds and a paired bootstrap over questions."""
+    import numpy as np
+
+    from .analysis.stats import mean_std, paired_bootstrap, paired_ttest
+
+    finished = [r for r in results["runs"] if r["status"] == "finished"]
+    per_q: dict = {}
+    for q in results["questions"]:
+        per_q.setdefault((q["run"], q["eval_set"]), {})[q["qid"]] = (q["exact"], q["f1"])
+    groups: dict = {}
+    for r in finished:
+        for eval_set, m in r["metrics"].items():
+            groups.setdefault((r["dataset"], r["train_size"], eval_set), {}).setdefault(r["method"], []).append(r)
+    rows = []
+    base = results["baseline"]
+    for (dataset, size, eval_set), by_method in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        order = [m for m in results["methods"] if m in by_method] + sorted(set(by_method) - set(results["methods"]))
+        for metric_i, metric in enumerate(("EM", "F1")):
+            for method in order:
+                rs = by_method[method]
+                vals = {r["seed"]: metric_value(r["metrics"][eval_set], metric) for r in rs}
+                vals = {s: v for s, v in vals.items() if v is not None}
+                mean, std = mean_std(list(vals.values()))
+                row = {"dataset": dataset, "train_size": size, "eval_set": eval_set, "metric": metric,
+                       "method": method, "n_runs": len(vals), "mean": mean, "std": std,
+                       "wall_seconds": sum(r["wall_seconds"] or 0 for r in rs), "seeds": sorted(vals)}
+                if method != base and base in by_method:
+                    bvals = {r["seed"]: metric_value(r["metrics"][eval_set], metric) for r in by_method[base]}
+                    row["ttest"] = paired_ttest(vals, {s: v for s, v in bvals.items() if v is not None})
+                    seeds = sorted(set(vals) & set(bvals))
+                    mq = [per_q.get((_run_of_seed(rs, s), eval_set), {}) for s in seeds]
+                    bq = [per_q.get((_run_of_seed(by_method[base], s), eval_set), {}) for s in seeds]
+                    qids = sorted(set.intersection(*[set(x) for x in mq + bq])) if seeds else []
+                    if qids:
+                        mm = np.mean([[x[q][metric_i] for q in qids] for x in mq], axis=0) * 100
+                        bb = np.mean([[x[q][metric_i] for q in qids] for x in bq], axis=0) * 100
+                        row["bootstrap"] = paired_bootstrap(mm, bb, samples=bootstrap_samples)
+                rows.append(row)
+    return rows
+
+
+def _run_of_seed(runs: list[dict], seed: int) -> str | None:
+    return next((r["name"] for r in runs if r["seed"] == seed), None)
+
+
+def aggregate_segments(results: dict) -> list[dict]:
+    """Per eval set x segmenter x segment x method: F1/EM mean ± std over seeds, and the paired
+    t-test of the F1 difference to the baseline."""
+    from .analysis.stats import mean_std, paired_ttest
+
+    runs = {r["name"]: r for r in results["runs"] if r["status"] == "finished"}
+    cells: dict = {}
+    for s in results["segments"]:
+        r = runs.get(s["run"])
+        if r is None:
+            continue
+        key = (r["dataset"], r["train_size"], s["eval_set"], s["segmenter"], s["segment"])
+        cells.setdefault(key, {}).setdefault(r["method"], {})[r["seed"]] = s
+    rows = []
+    base = results["baseline"]
+    for key, by_method in sorted(cells.items(), key=lambda kv: str(kv[0])):
+        for method in [m for m in results["methods"] if m in by_method]:
+            seeds = by_method[method]
+            f1 = {k: v["f1"] for k, v in seeds.items()}
+            mean, std = mean_std(list(f1.values()))
+            em_mean, em_std = mean_std([v["exact"] for v in seeds.values()])
+            row = dict(zip(("dataset", "train_size", "eval_set", "segmenter", "segment"), key),
+                       method=method, n_runs=len(seeds), n_questions=max(v["n"] for v in seeds.values()),
+                       f1_mean=mean, f1_std=std, em_mean=em_mean, em_std=em_std)
+            if method != base and base in by_method:
+                row["ttest"] = paired_ttest(f1, {k: v["f1"] for k, v in by_method[base].items()})
+            rows.append(row)
+    return rows

@@ -114,9 +114,16 @@ def build_model(mcfg: ModelConfig, tokenizer, null_answer: bool) -> QAModel:
         except (ValueError, KeyError) as e:
             raise ConfigError(f"model.encoder: {e}") from None
         encoder = _encoder_from_config(config)
-    head = HEADS.get(mcfg.head, "model.head")(encoder.config.hidden_size, null_answer=null_answer,
-                                              **mcfg.head_options)
+    head = make_head(mcfg.head, encoder.config.hidden_size, null_answer, mcfg.head_options)
     return QAModel(encoder, head, mcfg.head, null_answer)
+
+
+def make_head(name: str, hidden_size: int, null_answer: bool, options: dict):
+    factory = HEADS.get(name, "model.head")
+    try:
+        return factory(hidden_size, null_answer=null_answer, **options)
+    except TypeError as e:  # an option the head does not take
+        raise ConfigError(f"model.head_options for head {name!r}: {e}") from None
 
 
 def _encoder_from_config(config):
@@ -167,8 +174,7 @@ def load_checkpoint(path, map_location="cpu") -> tuple[QAModel, object, RunConfi
     meta = json.loads((Path(path) / "posbias_model.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     encoder = _encoder_from_config(AutoConfig.from_pretrained(path, local_files_only=True))
-    head = HEADS.get(meta["head"])(encoder.config.hidden_size, null_answer=meta["null_answer"],
-                                   **cfg.model.head_options)
+    head = make_head(meta["head"], encoder.config.hidden_size, meta["null_answer"], cfg.model.head_options)
     model = QAModel(encoder, head, meta["head"], meta["null_answer"])
     model.load_state_dict(load_file(str(Path(path) / WEIGHTS), device=str(map_location)))
     return model, tokenizer, cfg

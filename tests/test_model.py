@@ -87,3 +87,18 @@ def test_checkpoint_roundtrip(tokenizer, feats, tmp_path, tiny_cfg):
         torch.testing.assert_close(model(batch)["end_logits"], loaded.eval()(batch)["end_logits"])
     assert cfg == tiny_cfg and len(tok) == len(tokenizer)
     assert (tmp_path / "ck" / "model.safetensors").is_file()
+
+
+def test_all_token_softmax_option_changes_the_loss_not_the_candidates(tokenizer, feats):
+    """softmax_over=all (HF's loss) normalises over question tokens too: a larger loss on the same
+    logits; decoding still only proposes context spans."""
+    ctx_head = tiny_model(tokenizer, seed=5).eval()
+    all_head = tiny_model(tokenizer, seed=5).eval()
+    all_head.head.softmax_over = "all"
+    batch = collate(feats, np.arange(6), pad_id=0, with_labels=True)
+    targets = {k: batch[k] for k in ("start_positions", "end_positions")}
+    with torch.no_grad():
+        a, b = ctx_head(batch, targets), all_head(batch, targets)
+    assert b["loss"] > a["loss"]
+    q = batch["attention_mask"].bool() & ~batch["span_mask"]
+    assert (b["start_logits"][q] > -1e30).all() and (a["start_logits"][q] < -1e30).all()

@@ -1,0 +1,251 @@
+"""Experiment report: Markdown + a self-contained HTML page (tables, PNG plots embedded as data URIs)."""
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+
+import numpy as np
+
+SIGNIFICANCE = 0.05
+
+
+def _fmt(x, digits=2) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _p(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return "<0.001" if x < 0.001 else f"{x:.3f}"
+
+
+def significant(row: dict) -> bool:
+    """Both tests agree at p < 0.05 (the t-test over seeds and, when available, the bootstrap over
+    questions); only then is a difference bold."""
+    t = row.get("ttest", {}).get("p")
+    b = row.get("bootstrap", {}).get("p")
+    if t is None or math.isnan(t) or t >= SIGNIFICANCE:
+        return False
+    return b is None or (not math.isnan(b) and b < SIGNIFICANCE)
+
+
+def _scope(row) -> str:
+    parts = [row.get("dataset"), f"n={row['train_size']}" if row.get("train_size") else None]
+    return " ".join(str(p) for p in parts if p) or "–"
+
+
+def comparison_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    head = ["data", "eval set", "metric", "method", "mean ± std", "Δ vs baseline", "t-test p (seeds)",
+            "bootstrap p [95% CI] (questions)", "runs"]
+    body = []
+    for r in rows:
+        delta = ""
+        if "ttest" in r:
+            d = _fmt(r["ttest"]["diff"])
+            d = ("+" if r["ttest"]["diff"] > 0 else "") + d
+            delta = f"**{d}**" if significant(r) else d
+        boot = ""
+        if "bootstrap" in r:
+            b = r["bootstrap"]
+            boot = f"{_p(b['p'])} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]"
+        body.append([_scope(r), r["eval_set"], r["metric"], r["method"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}",
+                     delta, _p(r["ttest"]["p"]) if "ttest" in r else "", boot, str(r["n_runs"])])
+    return head, body
+
+
+def segment_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    head = ["data", "eval set", "segmenter", "segment", "questions", "method", "F1 mean ± std", "EM mean ± std",
+            "Δ F1", "t-test p"]
+    body = []
+    for r in rows:
+        delta = ""
+        if "ttest" in r:
+            d = ("+" if r["ttest"]["diff"] > 0 else "") + _fmt(r["ttest"]["diff"])
+            delta = f"**{d}**" if significant(r) else d
+        body.append([_scope(r), r["eval_set"], r["segmenter"], r["segment"], str(r["n_questions"]), r["method"],
+                     f"{_fmt(r['f1_mean'])} ± {_fmt(r['f1_std'])}", f"{_fmt(r['em_mean'])} ± {_fmt(r['em_std'])}",
+                     delta, _p(r["ttest"]["p"]) if "ttest" in r else ""])
+    return head, body
+
+
+def _md_table(head, body) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def _html_table(head, body) -> str:
+    def cell(x):
+        x = html.escape(x)
+        if x.startswith("**") and x.endswith("**"):
+            x = f"<b>{x[2:-2]}</b>"
+        return f"<td>{x}</td>"
+
+    rows = "".join("<tr>" + "".join(cell(c) for c in row) + "</tr>" for row in body)
+    return ("<table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            + f"</tr></thead><tbody>{rows}</tbody></table>")
+
+
+# ------------------------------------------------------------------------------------------- plots
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 10, "axes.grid": True, "grid.alpha": 0.3})
+    return plt
+
+
+def plot_comparison(rows: list[dict], methods: list[str], path: Path, metric: str = "F1") -> Path | None:
+    """Grouped bars: one group per (data, eval set), one bar per method, error bars = std over seeds."""
+    rows = [r for r in rows if r["metric"] == metric]
+    if not rows:
+        return None
+    plt = _plt()
+    groups = list(dict.fromkeys((_scope(r), r["eval_set"]) for r in rows))
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(groups) * max(1, len(methods)) / 2 + 2), 4))
+    width = 0.8 / max(len(methods), 1)
+    x = np.arange(len(groups))
+    for i, m in enumerate(methods):
+        vals = {(_scope(r), r["eval_set"]): r for r in rows if r["method"] == m}
+        means = [vals[g]["mean"] if g in vals else np.nan for g in groups]
+        stds = [vals[g]["std"] if g in vals else 0 for g in groups]
+        bars = ax.bar(x + (i - (len(methods) - 1) / 2) * width, means, width, yerr=stds, capsize=4, label=m)
+        for b, v, sd in zip(bars, means, stds):
+            if not np.isnan(v):  # the value, above its error bar
+                ax.annotate(f"{v:.1f}", (b.get_x() + b.get_width() / 2, v + (sd or 0)), ha="center", va="bottom",
+                            fontsize=8, xytext=(0, 3), textcoords="offset points")
+    ax.set_xticks(x, [f"{s}\n{e}" if s != "–" else e for s, e in groups])
+    ax.set_ylabel(f"{metric} (mean ± std over seeds)")
+    ax.set_title(f"{metric} by method")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(results: dict, path: Path) -> Path | None:
+    """Training loss and validation F1 against the step, mean over seeds per method (band = ±1 std)."""
+    runs = {r["name"]: r for r in results["runs"]}
+    series: dict = {}
+    for c in results["curves"]:
+        r = runs.get(c["run"])
+        if r is None:
+            continue
+        series.setdefault((c["kind"], r["method"]), {}).setdefault(c["step"], []).append(c["value"])
+    if not series:
+        return None
+    plt = _plt()
+    kinds = [k for k in ("loss", "val_f1") if any(k == kk for kk, _ in series)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 3.8), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for m in results["methods"]:
+            pts = series.get((kind, m))
+            if not pts:
+                continue
+            steps = sorted(pts)
+            mean = np.array([np.mean(pts[s]) for s in steps])
+            std = np.array([np.std(pts[s]) for s in steps])
+            if kind == "loss" and len(steps) > 20:  # smooth the noisy per-step loss for readability
+                w = max(1, len(steps) // 20)
+                mean = np.convolve(mean, np.ones(w) / w, mode="same")
+            ax.plot(steps, mean, marker="o" if kind == "val_f1" else None, label=m)
+            ax.fill_between(steps, mean - std, mean + std, alpha=0.15)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("training loss" if kind == "loss" else "validation F1")
+        ax.set_title("Training loss" if kind == "loss" else "Validation F1 at each evaluation")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_segments(seg_rows: list[dict], methods: list[str], out_dir: Path) -> list[Path]:
+    """One figure per (data, eval set, segmenter): F1 per segment, a bar per method, ± std."""
+    plt = _plt()
+    paths = []
+    keys = list(dict.fromkeys((_scope(r), r["eval_set"], r["segmenter"]) for r in seg_rows))
+    for scope, eval_set, segmenter in keys:
+        rows = [r for r in seg_rows if (_scope(r), r["eval_set"], r["segmenter"]) == (scope, eval_set, segmenter)]
+        segs = list(dict.fromkeys(r["segment"] for r in rows))
+        fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(segs) + 2), 3.8))
+        width = 0.8 / max(len(methods), 1)
+        x = np.arange(len(segs))
+        for i, m in enumerate(methods):
+            vals = {r["segment"]: r for r in rows if r["method"] == m}
+            ax.bar(x + (i - (len(methods) - 1) / 2) * width, [vals[s]["f1_mean"] if s in vals else np.nan for s in segs],
+                   width, yerr=[vals[s]["f1_std"] if s in vals else 0 for s in segs], capsize=3, label=m)
+        n = {r["segment"]: r["n_questions"] for r in rows}
+        ax.set_xticks(x, [f"{s}\n(n={n[s]})" for s in segs])
+        ax.set_ylabel("F1 (mean ± std over seeds)")
+        ax.set_title(f"{segmenter} — {eval_set}" + (f" ({scope})" if scope != "–" else ""))
+        ax.legend()
+        fig.tight_layout()
+        name = "".join(ch if ch.isalnum() else "_" for ch in f"segments_{scope}_{eval_set}_{segmenter}")
+        p = out_dir / f"{name}.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+# ------------------------------------------------------------------------------------------ render
+def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
+    """Aggregate the experiment's store and write report.md, report.html and plots/*.png."""
+    from ..experiment import aggregate, aggregate_segments, load_results
+    from ..utils import atomic_write_json, atomic_write_text
+
+    exp_dir = Path(exp_dir)
+    results = load_results(exp_dir)
+    rows = aggregate(results, bootstrap_samples=bootstrap_samples)
+    seg_rows = aggregate_segments(results)
+    plots = exp_dir / "plots"
+    plots.mkdir(exist_ok=True)
+    figures = [("Method comparison (F1)", plot_comparison(rows, results["methods"], plots / "comparison_f1.png")),
+               ("Method comparison (EM)", plot_comparison(rows, results["methods"], plots / "comparison_em.png", "EM")),
+               ("Learning curves", plot_curves(results, plots / "learning_curves.png"))]
+    figures += [(p.stem.replace("_", " "), p) for p in plot_segments(seg_rows, results["methods"], plots)]
+    figures = [(t, p) for t, p in figures if p is not None]
+
+    runs = results["runs"]
+    status = {s: sum(r["status"] == s for r in runs) for s in sorted({r["status"] for r in runs})}
+    wall = sum(r["wall_seconds"] or 0 for r in runs)
+    intro = [f"# Experiment `{results['name']}`", "",
+             f"Runs: {len(runs)} ({', '.join(f'{v} {k}' for k, v in status.items())}); "
+             f"methods: {', '.join(results['methods'])} (baseline **{results['baseline']}**); "
+             f"total wall time {wall / 60:.1f} min.", "",
+             "Each cell is the mean ± sample std over seeds. Δ is method − baseline, paired by seed "
+             "(t-test over seeds) and by question (bootstrap over questions, scores averaged over seeds, "
+             "10,000 resamples). A Δ is bold only when both p-values are below 0.05.", ""]
+    head, body = comparison_table(rows)
+    md = intro + ["## Results", "", _md_table(head, body), ""]
+    htm = [f"<h1>Experiment <code>{html.escape(results['name'])}</code></h1>",
+           "<p>" + html.escape(intro[2]).replace("**", "") + "</p><p>" + html.escape(intro[4]) + "</p>",
+           "<h2>Results</h2>", _html_table(head, body)]
+    if seg_rows:
+        sh, sb = segment_table(seg_rows)
+        md += ["## Segments", "", _md_table(sh, sb), ""]
+        htm += ["<h2>Segments</h2>", _html_table(sh, sb)]
+    md += ["## Plots", ""]
+    htm += ["<h2>Plots</h2>"]
+    for title, p in figures:
+        md += [f"![{title}](plots/{p.name})", ""]
+        data = base64.b64encode(p.read_bytes()).decode()
+        htm += [f"<figure><img alt='{html.escape(title)}' data-file='plots/{p.name}' "
+                f"src='data:image/png;base64,{data}'><figcaption>{html.escape(title)}</figcaption></figure>"]
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
+             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f3f3f3}"
+             "img{max-width:100%}figure{margin:1.5em 0}")
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(results['name'])}</title>"
+            f"<style>{style}</style></head><body>{''.join(htm)}</body></html>")
+    atomic_write_text(exp_dir / "report.md", "\n".join(md) + "\n")
+    atomic_write_text(exp_dir / "report.html", page)
+    atomic_write_json(exp_dir / "report.json", {"rows": rows, "segments": seg_rows})
+    return {"report_md": str(exp_dir / "report.md"), "report_html": str(exp_dir / "report.html"),
+            "plots": [str(p) for _, p in figures], "rows": len(rows)}

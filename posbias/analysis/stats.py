@@ -1,0 +1,63 @@
+"""Statistics for method-vs-baseline comparisons: mean ± std over seeds, paired tests. Pure functions."""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof=1, as papers report over seeds; 0 for one value)."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) == 0:
+        return math.nan, math.nan
+    return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else 0.0
+
+
+def paired_ttest(method: Mapping[int, float], baseline: Mapping[int, float]) -> dict:
+    """Paired t-test over the seeds both have: t = mean(d) / (sd(d) / sqrt(n)), n - 1 d.o.f.
+
+    Returns {"n", "diff" (mean of method - baseline), "t", "p"} (two-sided); t and p are NaN with
+    fewer than 2 pairs, and p is 0/1 when every difference is identical (sd 0).
+    """
+    from scipy import stats
+
+    seeds = sorted(set(method) & set(baseline))
+    d = np.array([method[s] - baseline[s] for s in seeds], dtype=np.float64)
+    out = {"n": len(seeds), "diff": float(d.mean()) if len(d) else math.nan, "t": math.nan, "p": math.nan}
+    if len(d) < 2:
+        return out
+    sd = d.std(ddof=1)
+    if sd == 0:
+        out["t"] = math.copysign(math.inf, d.mean()) if d.mean() else 0.0
+        out["p"] = 0.0 if d.mean() else 1.0
+        return out
+    t = d.mean() / (sd / math.sqrt(len(d)))
+    out["t"], out["p"] = float(t), float(2 * stats.t.sf(abs(t), len(d) - 1))
+    return out
+
+
+def paired_bootstrap(method: np.ndarray, baseline: np.ndarray, *, samples: int = 10_000,
+                     seed: int = 0) -> dict:
+    """Paired bootstrap over questions (Efron & Tibshirani; Koehn 2004).
+
+    Args:
+        method, baseline: (q,) per-question scores on the same questions (e.g. F1 averaged over seeds).
+    Returns {"n", "diff", "ci_low", "ci_high", "p"}: the observed mean difference, a 95% percentile
+    interval, and a two-sided p-value: the share of resampled differences at least as far from the
+    observed one as the observed one is from 0 (the bootstrap distribution shifted to the null).
+    """
+    d = np.asarray(method, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
+    n = len(d)
+    if n == 0:
+        return {"n": 0, "diff": math.nan, "ci_low": math.nan, "ci_high": math.nan, "p": math.nan}
+    rng = np.random.default_rng(seed)
+    means = np.empty(samples)
+    for lo in range(0, samples, 1000):  # chunks bound memory at 1000 x n indices
+        idx = rng.integers(0, n, size=(min(1000, samples - lo), n))
+        means[lo:lo + len(idx)] = d[idx].mean(axis=1)
+    obs = float(d.mean())
+    p = float(np.mean(np.abs(means - obs) >= abs(obs))) if obs else 1.0
+    return {"n": n, "diff": obs, "ci_low": float(np.percentile(means, 2.5)),
+            "ci_high": float(np.percentile(means, 97.5)), "p": p}

@@ -1,0 +1,218 @@
+"""Experiments: grid expansion, identical data order, the SQLite store, resuming, aggregation, report."""
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import posbias
+from posbias.analysis.stats import mean_std, paired_bootstrap, paired_ttest
+from posbias.api import PRESETS
+from posbias.errors import ConfigError
+from posbias.experiment import aggregate, load_experiment, load_results
+
+SMOKE = PRESETS / "experiments" / "smoke.yaml"
+BIN = Path(sys.executable).parent
+
+
+def smoke_spec(tmp_path, **changes):
+    spec = yaml.safe_load(SMOKE.read_text())
+    spec.update(changes)
+    spec["output_dir"] = str(tmp_path / "exp")
+    return spec
+
+
+@pytest.mark.parametrize("path", sorted((PRESETS / "experiments").glob("*.yaml")), ids=lambda p: p.stem)
+def test_bundled_experiments_expand(path):
+    exp = load_experiment(path)
+    assert len(exp.runs) == len(exp.methods) * len(yaml.safe_load(path.read_text())["seeds"]) >= 4
+
+
+def test_grid_expansion(tmp_path):
+    spec = smoke_spec(tmp_path, datasets={"a": {}, "b": {"data": {"max_seq_len": 160}}}, train_sizes=[16, 32])
+    exp = load_experiment(spec)
+    assert len(exp.runs) == 2 * 2 * 2 * 2
+    names = [r.name for r in exp.runs]
+    assert len(set(names)) == 16 and "b/n32/all_token_softmax/seed2" in names
+    run = next(r for r in exp.runs if r.name == "b/n32/all_token_softmax/seed2")
+    assert run.seed == run.config.train.seed == 2
+    assert run.config.data.max_train_examples == 32 and run.config.data.max_seq_len == 160
+    assert run.config.model.head_options == {"softmax_over": "all"}
+    assert run.config.train.output_dir == str(tmp_path / "exp" / "runs" / "b/n32/all_token_softmax/seed2")
+    assert exp.baseline == "context_softmax"  # the first method unless `baseline:` says otherwise
+    assert len({r.config_hash for r in exp.runs}) == 16
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"colour": 1}, "unknown key 'colour'"),
+    ({"seeds": []}, "seeds must be a non-empty list"),
+    ({"baseline": "nope"}, "baseline 'nope'"),
+    ({"methods": {"m": {"train": {"lrr": 1}}}}, "experiment run m/seed1: unknown config key train.lrr"),
+])
+def test_bad_specs_are_refused(tmp_path, change, message):
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(smoke_spec(tmp_path, **change))
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("smoke")
+    spec = smoke_spec(tmp)
+    result = posbias.experiment_run(spec, progress=False)
+    return tmp / "exp", spec, result
+
+
+def test_smoke_experiment_records_every_run(smoke):
+    exp_dir, spec, result = smoke
+    assert len(result["ran"]) == 4 and not result["skipped_finished"]
+    with sqlite3.connect(exp_dir / "experiment.sqlite") as conn:
+        rows = conn.execute("SELECT name, status, metrics_json FROM runs").fetchall()
+        assert {r[1] for r in rows} == {"finished"} and len(rows) == 4
+        for _, _, m in rows:
+            m = json.loads(m)
+            assert set(m) == {"val", "test"} and m["test"]["total"] == 433
+        n = conn.execute("SELECT COUNT(*) FROM question_scores WHERE eval_set='test'").fetchone()[0]
+        assert n == 4 * 433
+        assert conn.execute("SELECT COUNT(*) FROM curves WHERE kind='val_f1'").fetchone()[0] == 4 * 2
+
+
+def test_same_seed_same_data_order_across_methods(smoke):
+    exp_dir = smoke[0]
+    order = lambda m, s: json.loads((exp_dir / "runs" / m / f"seed{s}" / "data_order" / "epoch-0.json").read_text())["batches"]  # noqa: E731
+    assert order("context_softmax", 1) == order("all_token_softmax", 1)
+    assert order("context_softmax", 2) == order("all_token_softmax", 2)
+    assert order("context_softmax", 1) != order("context_softmax", 2)
+
+
+def test_rerun_skips_finished_runs(smoke):
+    exp_dir, spec, _ = smoke
+    again = posbias.experiment_run(spec, progress=False)
+    assert again["ran"] == [] and len(again["skipped_finished"]) == 4
+
+
+def test_changed_config_is_refused_unless_forced(smoke):
+    exp_dir, spec, _ = smoke
+    changed = dict(spec, methods={**spec["methods"], "context_softmax": {"train": {"lr": 0.01}}})
+    with pytest.raises(ConfigError, match="context_softmax/seed1 changed.*--force"):
+        posbias.experiment_run(changed, progress=False)
+    with sqlite3.connect(exp_dir / "experiment.sqlite") as conn:  # nothing was touched
+        assert {r[0] for r in conn.execute("SELECT status FROM runs")} == {"finished"}
+
+
+def test_report_files(smoke):
+    exp_dir = smoke[0]
+    res = posbias.experiment_report(exp_dir, bootstrap_samples=500)
+    md = (exp_dir / "report.md").read_text()
+    page = (exp_dir / "report.html").read_text()
+    assert "all_token_softmax" in md and "± " in md and "t-test p" in md
+    pngs = sorted((exp_dir / "plots").glob("*.png"))
+    assert {p.name for p in pngs} >= {"comparison_f1.png", "comparison_em.png", "learning_curves.png"}
+    import base64
+    for p in pngs:  # self-contained: every plot is embedded in the page and linked from the Markdown
+        assert base64.b64encode(p.read_bytes()).decode() in page
+        assert f"plots/{p.name}" in md
+    assert res["rows"] == 2 * 2 * 2  # 2 eval sets x 2 metrics x 2 methods
+
+
+def test_cli_dry_run_prints_commands(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(smoke_spec(tmp_path), sort_keys=False))
+    r = subprocess.run([str(BIN / "posbias"), "experiment", "run", str(spec), "--dry-run"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 4 and all("posbias train qa -c" in line for line in lines)
+    assert not (tmp_path / "exp" / "experiment.sqlite").exists()
+
+
+def test_interrupted_experiment_resumes_to_the_same_result(tmp_path):
+    """Kill the experiment mid-run (SIGINT, like Ctrl-C, then SIGKILL), run it again: finished runs
+    are not redone and the interrupted one continues from its checkpoint to the uninterrupted result."""
+    spec = smoke_spec(tmp_path, seeds=[1], eval_sets={})
+    spec["overrides"] = {"train": {"max_steps": 60, "save_every": 4, "eval_every": 30, "log_every": 5},
+                         "data": {"max_train_examples": 48, "max_eval_examples": 16, "max_seq_len": 128,
+                                  "doc_stride": 48}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))  # method order: the first is the baseline
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([str(BIN / "posbias"), "experiment", "run", str(path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    state = tmp_path / "exp" / "runs" / "all_token_softmax" / "seed1" / "checkpoints" / "last" / "trainer_state.json"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:  # the second run is half-way through
+        if state.is_file() and json.loads(state.read_text())["global_step"] >= 12:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, "the experiment ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    with sqlite3.connect(tmp_path / "exp" / "experiment.sqlite") as conn:
+        status = dict(conn.execute("SELECT name, status FROM runs"))
+    assert status == {"context_softmax/seed1": "finished", "all_token_softmax/seed1": "running"}
+
+    resumed = posbias.experiment_run(path, progress=False)
+    assert resumed["ran"] == ["all_token_softmax/seed1"] and resumed["skipped_finished"] == ["context_softmax/seed1"]
+    fresh = posbias.experiment_run(dict(spec, output_dir=str(tmp_path / "fresh")), progress=False)
+    assert len(fresh["ran"]) == 2
+    a = {r["name"]: r["metrics"] for r in load_results(tmp_path / "exp")["runs"]}
+    b = {r["name"]: r["metrics"] for r in load_results(tmp_path / "fresh")["runs"]}
+    assert a == b
+
+
+# ---- aggregation math on hand-made numbers
+def test_mean_std_and_paired_ttest_by_hand():
+    assert mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert mean_std([5.0]) == (5.0, 0.0)
+    # d = (1, 2, 3): mean 2, sd 1, t = 2 / (1 / sqrt 3) = 3.4641; two-sided p with 2 d.o.f. = 0.0742
+    t = paired_ttest({1: 11.0, 2: 22.0, 3: 33.0}, {1: 10.0, 2: 20.0, 3: 30.0})
+    assert t["n"] == 3 and t["diff"] == 2.0
+    assert t["t"] == pytest.approx(2 * math.sqrt(3)) and t["p"] == pytest.approx(0.0742, abs=1e-4)
+    from scipy import stats
+    m, b = np.random.default_rng(0).normal(size=(2, 5))
+    ref = stats.ttest_rel(m, b)
+    got = paired_ttest(dict(enumerate(m)), dict(enumerate(b)))
+    assert got["t"] == pytest.approx(ref.statistic) and got["p"] == pytest.approx(ref.pvalue)
+    assert math.isnan(paired_ttest({1: 1.0}, {1: 0.0})["p"])  # one pair: no test
+    assert paired_ttest({1: 1.0, 2: 5.0}, {3: 0.0})["n"] == 0  # only common seeds pair
+
+
+def test_paired_bootstrap():
+    rng = np.random.default_rng(1)
+    base = rng.uniform(size=400)
+    same = paired_bootstrap(base, base, samples=2000)
+    assert same["diff"] == 0 and same["p"] == 1.0
+    better = paired_bootstrap(base + 0.1 + rng.normal(0, 0.05, 400), base, samples=2000)
+    assert better["p"] < 0.001 and better["ci_low"] > 0.05 and better["ci_high"] < 0.15
+    noise = paired_bootstrap(base + rng.normal(0, 0.3, 400), base, samples=2000)
+    assert noise["p"] > 0.05 and noise["ci_low"] < 0 < noise["ci_high"]
+
+
+def test_aggregate_on_hand_made_rows():
+    runs = []
+    for method, f1s in (("base", [50.0, 52.0, 54.0]), ("new", [51.0, 54.0, 57.0])):
+        for seed, f1 in zip((1, 2, 3), f1s):
+            runs.append({"name": f"{method}/seed{seed}", "method": method, "seed": seed, "dataset": None,
+                         "train_size": None, "status": "finished", "wall_seconds": 1.0,
+                         "metrics": {"val": {"exact_match": f1 - 10, "f1": f1}}})
+    questions = [{"run": f"{m}/seed{s}", "eval_set": "val", "qid": f"q{i}", "exact": 0.0,
+                  "f1": (0.6 if m == "new" else 0.5)} for m in ("base", "new") for s in (1, 2, 3) for i in range(50)]
+    rows = aggregate({"runs": runs, "questions": questions, "methods": ["base", "new"], "baseline": "base"},
+                     bootstrap_samples=500)
+    f1 = {r["method"]: r for r in rows if r["metric"] == "F1"}
+    assert f1["base"]["mean"] == 52.0 and f1["base"]["std"] == 2.0 and "ttest" not in f1["base"]
+    assert f1["new"]["mean"] == 54.0 and f1["new"]["std"] == 3.0
+    assert f1["new"]["ttest"]["diff"] == 2.0  # d = (1, 2, 3)
+    assert f1["new"]["ttest"]["p"] == pytest.approx(0.0742, abs=1e-4)
+    assert f1["new"]["bootstrap"]["diff"] == pytest.approx(10.0)  # per-question F1 0.6 vs 0.5, in points
