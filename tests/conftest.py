@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from posbias.config import RESOURCES, build_config  # noqa: E402
 
 TINY_ENCODER = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "intermediate_size": 64, "max_position_embeddings": 512}
+# ../shared/data beside the repository (as in CI); tests needing it skip when it is absent.
+SHARED_DATA = Path(os.environ.get("POSBIAS_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 DEMO_DEV = str(RESOURCES / "squad_demo" / "dev.json.gz")
 DEMO_TRAIN = str(RESOURCES / "squad_demo" / "train.json.gz")
 

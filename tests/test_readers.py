@@ -19,7 +19,7 @@ from posbias.data.squad import read_qa, read_squad, read_squad_many
 from posbias.errors import DataError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "bad_qa"
-SHARED = Path("/work/shared/data")
+from conftest import SHARED_DATA as SHARED
 V1 = json.loads((FIXTURES / "v1.json").read_text(encoding="utf-8"))
 N_V1 = 5  # questions in v1.json
 
