@@ -16,3 +16,7 @@ class DataError(PosbiasError, ValueError):
         self.path, self.record, self.reason = str(path), record, reason
         where = f"{self.path}" + (f": record {record!r}" if record is not None else "")
         super().__init__(f"{where}: {reason}")
+
+
+class RunError(PosbiasError, RuntimeError):
+    """A run launched as a subprocess failed (its own output says why)."""

@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from .config import RunConfig, build_config, deep_merge, load_yaml, parse_overrides
-from .errors import ConfigError
+from .errors import ConfigError, RunError
 from .registry import Registry
 
 # Per-question segmenters: name -> function(examples, nbest, features_info) -> {qid: segment label}.
@@ -277,11 +277,14 @@ def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launche
     resumable = (run.output_dir / "checkpoints" / "last" / "trainer_state.json").is_file() and not fresh
     save_config(run.config, run.output_dir / "run_config.yaml")
     if launcher == "accelerate":
-        cmd = ["accelerate", "launch", *accelerate_args.split(), "-m", "posbias", "train", "qa",
-               "-c", str(run.output_dir / "run_config.yaml"), "--resume" if resumable else "--overwrite"]
+        exe = Path(sys.executable).parent / "accelerate"  # the one installed beside this posbias
+        cmd = [str(exe) if exe.is_file() else "accelerate", "launch", *accelerate_args.split(),
+               "-m", "posbias", "train", "qa", "-c", str(run.output_dir / "run_config.yaml"),
+               "--resume" if resumable else "--overwrite"]
         r = subprocess.run(cmd)
         if r.returncode != 0:
-            raise RuntimeError(f"run {run.name}: `{' '.join(cmd)}` exited with {r.returncode}")
+            raise RunError(f"run {run.name}: `{' '.join(cmd)}` exited with {r.returncode}; "
+                           "run the experiment again to resume it")
         summary = json.loads((run.output_dir / "run_info.json").read_text())["summary"]
     else:
         summary = train(run.config, resume="auto" if resumable else None, overwrite=not resumable,

@@ -216,3 +216,41 @@ def test_aggregate_on_hand_made_rows():
     assert f1["new"]["ttest"]["diff"] == 2.0  # d = (1, 2, 3)
     assert f1["new"]["ttest"]["p"] == pytest.approx(0.0742, abs=1e-4)
     assert f1["new"]["bootstrap"]["diff"] == pytest.approx(10.0)  # per-question F1 0.6 vs 0.5, in points
+
+
+def test_segments_flow_into_store_and_report(tmp_path):
+    """A registered segmenter (position buckets plug in the same way) gives per-segment rows,
+    their aggregation, a table and a plot."""
+    from posbias.experiment import SEGMENTERS, aggregate_segments
+
+    if "_test_context_half" not in SEGMENTERS.names():
+        @SEGMENTERS.register("_test_context_half")
+        def _half(examples, eval_dir, checkpoint):
+            return {e.id: ("short" if len(e.context) < 700 else "long") for e in examples}
+
+    spec = smoke_spec(tmp_path, seeds=[1, 2], eval_sets={}, segments=["_test_context_half"])
+    posbias.experiment_run(spec, progress=False)
+    results = load_results(tmp_path / "exp")
+    assert {s["segment"] for s in results["segments"]} == {"short", "long"}
+    n = {s["segment"]: s["n"] for s in results["segments"] if s["run"] == "context_softmax/seed1"}
+    assert n["short"] + n["long"] == 24  # every validation question in exactly one segment
+    rows = aggregate_segments(results)
+    assert len(rows) == 2 * 2 and all(r["n_runs"] == 2 for r in rows)
+    assert "ttest" in next(r for r in rows if r["method"] == "all_token_softmax")
+    posbias.experiment_report(tmp_path / "exp", bootstrap_samples=200)
+    md = (tmp_path / "exp" / "report.md").read_text()
+    assert "## Segments" in md and "_test_context_half" in md
+    assert list((tmp_path / "exp" / "plots").glob("segments_*.png"))
+
+
+def test_force_redoes_only_the_changed_runs(tmp_path):
+    spec = smoke_spec(tmp_path, seeds=[1], eval_sets={})
+    posbias.experiment_run(spec, progress=False)
+    changed = dict(spec, methods={**spec["methods"], "all_token_softmax": {
+        "model": {"head_options": {"softmax_over": "all"}}, "train": {"lr": 0.002}}})
+    res = posbias.experiment_run(changed, force=True, progress=False)
+    assert res["ran"] == ["all_token_softmax/seed1"] and res["skipped_finished"] == ["context_softmax/seed1"]
+    runs = {r["name"]: r for r in load_results(tmp_path / "exp")["runs"]}
+    assert json.loads(runs["all_token_softmax/seed1"]["config_json"])["train"]["lr"] == 0.002
+    log = (tmp_path / "exp" / "runs" / "all_token_softmax" / "seed1" / "train_log.jsonl").read_text()
+    assert [json.loads(x)["step"] for x in log.splitlines()] == [1, 2, 3, 4, 5, 6]  # redone from scratch

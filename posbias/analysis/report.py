@@ -38,7 +38,7 @@ def _scope(row) -> str:
 
 def comparison_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     head = ["data", "eval set", "metric", "method", "mean ± std", "Δ vs baseline", "t-test p (seeds)",
-            "bootstrap p [95% CI] (questions)", "runs"]
+            "bootstrap p [95% CI] (questions)", "runs", "wall min"]
     body = []
     for r in rows:
         delta = ""
@@ -51,7 +51,8 @@ def comparison_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             b = r["bootstrap"]
             boot = f"{_p(b['p'])} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]"
         body.append([_scope(r), r["eval_set"], r["metric"], r["method"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}",
-                     delta, _p(r["ttest"]["p"]) if "ttest" in r else "", boot, str(r["n_runs"])])
+                     delta, _p(r["ttest"]["p"]) if "ttest" in r else "", boot, str(r["n_runs"]),
+                     f"{r['wall_seconds'] / 60:.1f}"])
     return head, body
 
 
@@ -186,7 +187,8 @@ def plot_segments(seg_rows: list[dict], methods: list[str], out_dir: Path) -> li
         ax.set_title(f"{segmenter} — {eval_set}" + (f" ({scope})" if scope != "–" else ""))
         ax.legend()
         fig.tight_layout()
-        name = "".join(ch if ch.isalnum() else "_" for ch in f"segments_{scope}_{eval_set}_{segmenter}")
+        parts = ["segments", scope if scope != "–" else "", eval_set, segmenter.strip("_")]
+        name = "_".join("".join(ch if ch.isalnum() else "-" for ch in p) for p in parts if p)
         p = out_dir / f"{name}.png"
         fig.savefig(p, dpi=110)
         plt.close(fig)
@@ -221,7 +223,9 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
              f"total wall time {wall / 60:.1f} min.", "",
              "Each cell is the mean ± sample std over seeds. Δ is method − baseline, paired by seed "
              "(t-test over seeds) and by question (bootstrap over questions, scores averaged over seeds, "
-             "10,000 resamples). A Δ is bold only when both p-values are below 0.05.", ""]
+             "10,000 resamples). A Δ is bold only when both p-values are below 0.05. "
+             "`val` is each run's `data.eval_file`, the set its best checkpoint was selected on (an "
+             "optimistic estimate); other eval sets are scored once, with that checkpoint.", ""]
     head, body = comparison_table(rows)
     md = intro + ["## Results", "", _md_table(head, body), ""]
     htm = [f"<h1>Experiment <code>{html.escape(results['name'])}</code></h1>",
