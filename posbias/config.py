@@ -264,7 +264,7 @@ def _choice(value, allowed, key):
 def validate(cfg: RunConfig) -> None:
     """Cross-field checks; each error names the dotted key(s) to change."""
     from .registry import HEADS, LABEL_POLICIES, PERTURBATIONS
-    from . import heads as _heads, labels as _labels  # noqa: F401  (register built-ins)
+    from . import heads as _heads, labels as _labels, perturb as _perturb  # noqa: F401  (register built-ins)
 
     if cfg.task != "qa":
         raise ConfigError(f"task must be 'qa' (token classification arrives in a later release), got {cfg.task!r}")
@@ -307,7 +307,8 @@ def validate(cfg: RunConfig) -> None:
     for i, p in enumerate(cfg.perturb):
         if not isinstance(p, dict) or "name" not in p:
             raise ConfigError(f"perturb[{i}] must be a mapping with a name, got {p!r}")
-        PERTURBATIONS.get(p["name"], f"perturb[{i}].name")
+        options = {k: v for k, v in p.items() if k != "name"}
+        PERTURBATIONS.get(p["name"], f"perturb[{i}].name")(options, cfg, key=f"perturb[{i}]")  # checks options
 
 
 def data_version(cfg: RunConfig, has_impossible: bool) -> int:

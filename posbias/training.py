@@ -152,6 +152,9 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         raise ConfigError(f"data.max_seq_len ({d.max_seq_len}) + first position id ({model.position_base}) "
                           f"exceeds the encoder's max_position_embeddings ({n_pos})")
     perturbations = build_perturbations(cfg.perturb, cfg)
+    for p in perturbations:
+        if hasattr(p, "bind"):
+            p.bind(model)
     optimizer = _adamw(_param_groups(model, t.weight_decay), t.lr)
     n_batches = len(batch_order(lengths, t.batch_size, t.seed, 0, length_grouping=t.length_grouping,
                                 group_batches=t.group_batches))

@@ -125,7 +125,7 @@ _INTERRUPT = {"at": None, "calls": 0}
 
 
 @PERTURBATIONS.register("_test_interrupt")
-def _interrupt(options, cfg):
+def _interrupt(options, cfg, key=None):
     def apply(batch, gen):
         _INTERRUPT["calls"] += 1
         if _INTERRUPT["at"] is not None and _INTERRUPT["calls"] == _INTERRUPT["at"]:
