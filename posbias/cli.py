@@ -4,10 +4,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .errors import PosbiasError
 
-SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "demo", "experiment"]
+SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "demo", "experiment", "data"]
 
 
 def _print(obj) -> None:
@@ -73,6 +74,23 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("dir")
     q.add_argument("--bootstrap-samples", type=int, default=10_000)
 
+    p = sub.add_parser("data", help="build train-short/test-long data sets (truncation, val/test halves)")
+    ds = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = ds.add_parser("build", help="truncate contexts (D_L or D_L1~L2), optionally split, write SQuAD JSON + stats")
+    q.add_argument("--input", nargs="+", required=True, help="SQuAD/MRQA file(s); several = shards of one set")
+    q.add_argument("--out", required=True, help="output folder: <name>.json or val.json/test.json, stats.md")
+    q.add_argument("--truncate", type=int, help="D_L: keep the first L words of every context")
+    q.add_argument("--truncate-range", type=int, nargs=2, metavar=("L1", "L2"),
+                   help="D_L1~L2: each instance keeps a random k in [L1, L2] words")
+    q.add_argument("--split", action="store_true", help="write random validation/test halves")
+    q.add_argument("--by-article", action="store_true", help="split by whole articles")
+    q.add_argument("--seed", type=int, default=13)
+    q.add_argument("--keep-unanswerable", action="store_true",
+                   help="keep instances whose answers were all cut off (as is_impossible; the paper does for train)")
+    q.add_argument("--exclude-ambiguous", action="store_true",
+                   help="drop questions flagged answer_start_ambiguous (the rebuilt SQuAD train set)")
+    q.add_argument("--name", default="data", help="file name without --split")
+
     p = sub.add_parser("demo", help="fine-tune MiniLM on the bundled SQuAD slice and evaluate it")
     p.add_argument("--output-dir", default=None, help="default runs/demo")
     p.add_argument("overrides", nargs="*")
@@ -113,6 +131,16 @@ def run(args) -> int:
             print(f"next: posbias experiment report {res['output_dir']}")
     elif args.command == "experiment" and args.action == "report":
         _print(api.experiment_report(args.dir, bootstrap_samples=args.bootstrap_samples))
+    elif args.command == "data":
+        from .data.truncate import build_dataset
+
+        stats = build_dataset(args.input, args.out, truncate=args.truncate,
+                              truncate_range=tuple(args.truncate_range) if args.truncate_range else None,
+                              split=args.split, by_article=args.by_article, seed=args.seed,
+                              keep_unanswerable=args.keep_unanswerable, exclude_ambiguous=args.exclude_ambiguous,
+                              name=args.name)
+        print((Path(args.out) / "stats.md").read_text(), end="")
+        print(f"wrote {', '.join(f'{k}.json' for k in stats['splits'])} to {args.out}")
     elif args.command == "demo":
         summary = api.demo(args.output_dir, args.overrides)
         ev = summary.get("eval", {})

@@ -1,0 +1,153 @@
+"""Train-short / test-long data sets (Random Padding paper §4.1, App. B.2) from any SQuAD-format file.
+
+- D_L: every context truncated to its first L words.
+- D_{L1~L2}: each instance truncated to its own random length k ~ U{L1 .. L2} words (seeded).
+- A random split of an evaluation set into validation and test halves (seeded; by article optional).
+
+Words are counted with a regex tokenizer (runs of word characters, or single punctuation marks),
+close to NLTK's word_tokenize but needing no downloaded data. Gold answers cut off by truncation are
+removed; an instance left without any gold answer becomes unanswerable: the paper drops those from
+validation/test and keeps them in training (`keep_unanswerable`).
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import replace
+
+from .examples import QAExample
+
+WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+
+
+def word_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the words of `text`."""
+    return [m.span() for m in WORD.finditer(text)]
+
+
+def count_words(text: str) -> int:
+    return sum(1 for _ in WORD.finditer(text))
+
+
+def truncate_example(example: QAExample, n_words: int) -> QAExample:
+    """The example with its context cut after `n_words` words and the answers that no longer fit
+    removed (unanswerable, `is_impossible`, when none is left)."""
+    spans = word_spans(example.context)
+    if len(spans) <= n_words:
+        return example
+    end = spans[n_words - 1][1] if n_words > 0 else 0
+    context = example.context[:end]
+    answers = [a for a in example.answers if a.end <= end]
+    meta = dict(example.meta, truncated_to_words=n_words, original_context_words=len(spans))
+    return replace(example, context=context, answers=answers, score_texts=None,
+                   is_impossible=example.is_impossible or not answers, meta=meta)
+
+
+def truncate_fixed(examples: list[QAExample], n_words: int, keep_unanswerable: bool) -> list[QAExample]:
+    """D_L."""
+    out = [truncate_example(e, n_words) for e in examples]
+    return out if keep_unanswerable else [e for e in out if not e.is_impossible]
+
+
+def truncate_range(examples: list[QAExample], low: int, high: int, seed: int,
+                   keep_unanswerable: bool) -> list[QAExample]:
+    """D_{low~high}: each instance gets its own length k ~ U{low .. high} (seeded, in file order)."""
+    if not 0 < low <= high:
+        raise ValueError(f"truncation range must satisfy 0 < low <= high, got {low}~{high}")
+    rng = random.Random(seed)
+    out = [truncate_example(e, rng.randint(low, high)) for e in examples]
+    return out if keep_unanswerable else [e for e in out if not e.is_impossible]
+
+
+def split_halves(examples: list[QAExample], seed: int, by_article: bool = False) -> tuple[list, list]:
+    """Random validation / test halves (the paper's split of an official dev set)."""
+    rng = random.Random(seed)
+    if not by_article:
+        idx = list(range(len(examples)))
+        rng.shuffle(idx)
+        half = set(idx[: len(idx) // 2])
+        return ([e for i, e in enumerate(examples) if i in half],
+                [e for i, e in enumerate(examples) if i not in half])
+    titles = sorted({e.title for e in examples})
+    rng.shuffle(titles)
+    val_titles, n = set(), 0
+    for t in titles:  # whole articles into validation until it holds half the questions
+        if n >= len(examples) / 2:
+            break
+        val_titles.add(t)
+        n += sum(e.title == t for e in examples)
+    return ([e for e in examples if e.title in val_titles], [e for e in examples if e.title not in val_titles])
+
+
+def to_squad_json(examples: list[QAExample], version: str = "1.1") -> dict:
+    """SQuAD JSON, one paragraph per question (truncated contexts differ per question)."""
+    articles: dict[str, list] = {}
+    for e in examples:
+        qa = {"id": e.id, "question": e.question,
+              "answers": [{"text": a.text, "answer_start": a.start} for a in e.answers]}
+        if e.is_impossible:
+            qa["is_impossible"] = True
+        for k in ("truncated_to_words", "original_context_words", "answer_start_ambiguous"):
+            if k in e.meta:
+                qa[k] = e.meta[k]
+        articles.setdefault(e.title or "untitled", []).append({"context": e.context, "qas": [qa]})
+    return {"version": version, "data": [{"title": t, "paragraphs": ps} for t, ps in articles.items()]}
+
+
+def statistics(examples: list[QAExample]) -> dict:
+    """A row of the paper's Table 9: average question and context length in words, instances."""
+    n = len(examples)
+    return {"instances": n,
+            "answerable": sum(not e.is_impossible for e in examples),
+            "avg_question_words": sum(count_words(e.question) for e in examples) / max(n, 1),
+            "avg_context_words": sum(count_words(e.context) for e in examples) / max(n, 1)}
+
+
+def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_range: tuple[int, int] | None = None,
+                  split: bool = False, by_article: bool = False, seed: int = 13, keep_unanswerable: bool = False,
+                  exclude_ambiguous: bool = False, name: str = "data") -> dict:
+    """Read SQuAD/MRQA file(s), truncate, optionally split into val/test halves, write SQuAD JSON
+    plus a statistics table (stats.md, stats.json). Returns the statistics."""
+    from pathlib import Path
+
+    from ..errors import ConfigError
+    from ..inference import read_dataset
+    from ..utils import atomic_write_json, atomic_write_text
+
+    if truncate is not None and truncate_range is not None:
+        raise ConfigError("choose --truncate L or --truncate-range L1 L2, not both")
+    ds = read_dataset(list(inputs) if len(inputs) > 1 else inputs[0])
+    examples = ds.examples
+    n_read = len(examples)
+    if exclude_ambiguous:
+        examples = [e for e in examples if not e.meta.get("answer_start_ambiguous")]
+    before = statistics(examples)
+    if truncate is not None:
+        examples = truncate_fixed(examples, truncate, keep_unanswerable)
+        label = f"D_{truncate}"
+    elif truncate_range is not None:
+        examples = truncate_range_fn(examples, *truncate_range, seed, keep_unanswerable)
+        label = f"D_{truncate_range[0]}~{truncate_range[1]}"
+    else:
+        label = "original"
+    parts = dict(zip(("val", "test"), split_halves(examples, seed, by_article))) if split else {name: examples}
+    out = Path(out_dir)
+    stats = {"inputs": [str(p) for p in inputs], "label": label, "seed": seed, "read": n_read,
+             "excluded_ambiguous": n_read - before["instances"], "before_truncation": before, "splits": {}}
+    for part, exs in parts.items():
+        version = "2.0" if any(e.is_impossible for e in exs) else "1.1"
+        atomic_write_json(out / f"{part}.json", to_squad_json(exs, version), indent=None)
+        stats["splits"][part] = statistics(exs)
+    rows = ["| data set | split | avg question words | avg context words | instances | answerable |",
+            "|---|---|---|---|---|---|"]
+    rows.append(f"| original | all | {before['avg_question_words']:.2f} | {before['avg_context_words']:.2f} | "
+                f"{before['instances']:,} | {before['answerable']:,} |")
+    for part, s in stats["splits"].items():
+        rows.append(f"| {label} | {part} | {s['avg_question_words']:.2f} | {s['avg_context_words']:.2f} | "
+                    f"{s['instances']:,} | {s['answerable']:,} |")
+    atomic_write_text(out / "stats.md", "\n".join(rows) + "\n")
+    atomic_write_json(out / "stats.json", stats)
+    return stats
+
+
+truncate_range_fn = truncate_range  # `build_dataset` has a parameter of that name

@@ -1,0 +1,76 @@
+"""Train-short / test-long data sets: truncation, answers cut off, splits, statistics, CLI."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from posbias.data.examples import Answer, QAExample
+from posbias.data.squad import read_qa
+from posbias.data.truncate import (count_words, split_halves, statistics, truncate_example, truncate_fixed,
+                                   truncate_range, word_spans)
+
+from conftest import DEMO_DEV
+
+CTX = "Alpha beta, gamma delta. Epsilon zeta eta theta."
+
+
+def ex(answers, qid="q", title="T"):
+    return QAExample(qid, "Which word?", CTX, answers=answers, title=title)
+
+
+def test_words_are_counted_without_downloads():
+    assert count_words("Hello, world! It's 3.5 km.") == 12  # Hello , world ! It ' s 3 . 5 km .
+    assert word_spans("ab  cd")[1] == (4, 6)
+
+
+def test_truncation_keeps_fitting_answers_only():
+    e = ex([Answer("gamma", 12), Answer("theta", 43)])
+    t = truncate_example(e, 4)  # "Alpha beta , gamma"
+    assert t.context == "Alpha beta, gamma" and [a.text for a in t.answers] == ["gamma"]
+    assert not t.is_impossible and t.meta["original_context_words"] == 11
+    gone = truncate_example(ex([Answer("theta", 43)]), 4)
+    assert gone.is_impossible and gone.answers == [] and gone.gold_texts() == []
+    assert truncate_example(e, 50) is e  # short enough already
+    for a in t.answers:
+        assert t.context[a.start:a.end] == a.text
+
+
+def test_fixed_and_range_truncation_and_unanswerable_handling():
+    examples = read_qa(DEMO_DEV).examples
+    d50 = truncate_fixed(examples, 50, keep_unanswerable=True)
+    assert len(d50) == len(examples) and all(count_words(e.context) <= 50 for e in d50)
+    dropped = truncate_fixed(examples, 50, keep_unanswerable=False)
+    assert len(dropped) == sum(not e.is_impossible for e in d50) < len(examples)
+    r1 = truncate_range(examples, 30, 120, seed=1, keep_unanswerable=True)
+    r2 = truncate_range(examples, 30, 120, seed=1, keep_unanswerable=True)
+    assert [e.context for e in r1] == [e.context for e in r2]  # seeded
+    lengths = [count_words(e.context) for e in r1]
+    assert min(lengths) <= 40 and max(lengths) <= 120 and len(set(lengths)) > 30
+
+
+def test_split_halves():
+    examples = [ex([Answer("gamma", 12)], qid=f"q{i}", title=f"t{i % 5}") for i in range(101)]
+    val, test = split_halves(examples, seed=3)
+    assert len(val) == 50 and len(test) == 51 and not {e.id for e in val} & {e.id for e in test}
+    val, test = split_halves(examples, seed=3, by_article=True)
+    assert not {e.title for e in val} & {e.title for e in test} and len(val) + len(test) == 101
+
+
+def test_statistics():
+    none = QAExample("n", "Which word?", CTX, is_impossible=True)
+    s = statistics([ex([Answer("gamma", 12)]), none])
+    assert s == {"instances": 2, "answerable": 1, "avg_question_words": 3.0, "avg_context_words": 11.0}
+
+
+def test_cli_build_writes_readable_squad_and_stats(tmp_path):
+    out = tmp_path / "d"
+    r = subprocess.run([str(Path(sys.executable).parent / "posbias"), "data", "build", "--input", DEMO_DEV,
+                        "--out", str(out), "--truncate-range", "40", "150", "--split", "--seed", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "D_40~150" in r.stdout
+    val, test = read_qa(out / "val.json"), read_qa(out / "test.json")  # offsets re-validated on read
+    assert abs(len(val.examples) - len(test.examples)) <= 1
+    assert not val.has_impossible  # unanswerable instances are dropped from evaluation sets
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["splits"]["val"]["instances"] == len(val.examples)
