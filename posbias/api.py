@@ -133,6 +133,13 @@ def score(data, predictions, na_probs=None, version: str = "auto") -> dict:
     return score_files(resolve_path(str(data)), predictions, na_probs, version=version)
 
 
+def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool = True) -> dict:
+    """Position analyses (answer-position quartiles, S_X segments, update counts) of a QA model."""
+    from .analysis.diagnose import diagnose as _diagnose
+
+    return _diagnose(model, data, output_dir, xs=xs, overrides=overrides, progress=progress)
+
+
 def export(model, out_dir) -> Path:
     """posbias checkpoint (independent head) -> Hugging Face AutoModelForQuestionAnswering folder."""
     from .model import export_hf

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .errors import PosbiasError
 
-SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "demo", "experiment", "data"]
+SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "diagnose", "demo", "experiment", "data"]
 
 
 def _print(obj) -> None:
@@ -50,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-best", type=int, default=None, help="candidates to list (default decode.n_best)")
     p.add_argument("overrides", nargs="*")
 
+    p = _qa_task(sub, "diagnose", "position-bias analyses of a model")
+    p.add_argument("--model", "--checkpoint", dest="model", required=True,
+                   help="posbias checkpoint or Hugging Face *ForQuestionAnswering folder")
+    p.add_argument("--data", required=True)
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--x", type=int, nargs="+", default=[100], help="X of the S_X(1)/S_X(2) split, in tokens")
+    p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=512")
+
     p = _qa_task(sub, "score", "score an official-format predictions file")
     p.add_argument("--data", required=True, help="the gold SQuAD/MRQA file")
     p.add_argument("--predictions", required=True, help="JSON object: question id -> answer text")
@@ -90,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--exclude-ambiguous", action="store_true",
                    help="drop questions flagged answer_start_ambiguous (the rebuilt SQuAD train set)")
     q.add_argument("--name", default="data", help="file name without --split")
+    q.add_argument("--sample", type=int, default=None,
+                   help="keep a seeded random subset of N instances of each written set")
 
     p = sub.add_parser("demo", help="fine-tune MiniLM on the bundled SQuAD slice and evaluate it")
     p.add_argument("--output-dir", default=None, help="default runs/demo")
@@ -115,6 +125,10 @@ def run(args) -> int:
                               for c in top["nbest"][: args.n_best or 5]]})
         else:
             _print({k: v["answer"] for k, v in res.items()})
+    elif args.command == "diagnose":
+        res = api.diagnose(args.model, args.data, args.output_dir, xs=args.x, overrides=args.overrides)
+        print((Path(args.output_dir) / "diagnosis.md").read_text(), end="")
+        print(f"wrote {args.output_dir}/diagnosis.md, diagnosis.json and {len(res['plots'])} plot(s)")
     elif args.command == "score":
         _print(api.score(args.data, args.predictions, args.na_probs, args.version))
     elif args.command == "export":
@@ -138,7 +152,7 @@ def run(args) -> int:
                               truncate_range=tuple(args.truncate_range) if args.truncate_range else None,
                               split=args.split, by_article=args.by_article, seed=args.seed,
                               keep_unanswerable=args.keep_unanswerable, exclude_ambiguous=args.exclude_ambiguous,
-                              name=args.name)
+                              name=args.name, sample=args.sample)
         print((Path(args.out) / "stats.md").read_text(), end="")
         print(f"wrote {', '.join(f'{k}.json' for k in stats['splits'])} to {args.out}")
     elif args.command == "demo":
@@ -155,7 +169,14 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Overrides may come after flags (`train qa -c x --resume a.b=1`), which argparse's positional
+    # nargs="*" does not collect: pick such key=value leftovers up here.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or not all("=" in x and not x.startswith("-") for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = list(args.overrides or []) + extra
     try:
         return run(args)
     except PosbiasError as e:

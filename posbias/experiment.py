@@ -29,15 +29,16 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from .config import RunConfig, build_config, deep_merge, load_yaml, parse_overrides
 from .errors import ConfigError, RunError
-from .registry import Registry
+from .registry import SEGMENTERS
 
-# Per-question segmenters: name -> function(examples, nbest, features_info) -> {qid: segment label}.
-# Position analyses (answer-position quartiles, S_X^(1)/S_X^(2)) register here.
-SEGMENTERS = Registry("segmenter")
+# Per-question segmenters: name -> function(examples, eval_dir, checkpoint, **options) -> {qid: label},
+# where eval_dir holds the run's predictions/nbest for those examples and checkpoint its model.
+# Position analyses (answer-position quartiles, S_X^(1)/S_X^(2)) register here (analysis/positions.py).
 
 SPEC_KEYS = {"name", "base", "overrides", "methods", "seeds", "datasets", "train_sizes", "eval_sets",
              "output_dir", "baseline", "segments", "description"}
@@ -68,7 +69,8 @@ class Experiment:
     baseline: str
     methods: list[str]
     eval_sets: dict[str, str] = field(default_factory=dict)
-    segments: list[str] = field(default_factory=list)
+    segments: list[tuple[str, str, dict]] = field(default_factory=list)
+    """(label, segmenter name, options) for each entry of the spec's `segments`."""
     spec_path: str | None = None
 
     @property
@@ -84,6 +86,20 @@ def _as_overrides(value, key: str) -> dict:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return parse_overrides(value)
     raise ConfigError(f"{key}: expected a mapping or a list of key=value strings, got {value!r}")
+
+
+def _segment_spec(entry, i: int) -> tuple[str, str, dict]:
+    """`name` or `{name: ..., option: value}` -> (label such as "first_x_tokens(x=100)", name, options)."""
+    from . import analysis  # noqa: F401  (registers the built-in segmenters)
+
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    if not isinstance(entry, dict) or "name" not in entry:
+        raise ConfigError(f"segments[{i}] must be a name or a mapping with a name, got {entry!r}")
+    SEGMENTERS.get(entry["name"], f"segments[{i}].name")
+    options = {k: v for k, v in entry.items() if k != "name"}
+    label = entry["name"] + (f"({', '.join(f'{k}={v}' for k, v in sorted(options.items()))})" if options else "")
+    return label, entry["name"], options
 
 
 def load_experiment(spec, output_dir: str | None = None) -> Experiment:
@@ -146,9 +162,7 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
     eval_sets = spec.get("eval_sets") or {}
     if not isinstance(eval_sets, dict):
         raise ConfigError("experiment spec: eval_sets must be a mapping name -> file")
-    segments = spec.get("segments") or []
-    for s in segments:
-        SEGMENTERS.get(s, "segments")
+    segments = [_segment_spec(s, i) for i, s in enumerate(spec.get("segments") or [])]
     return Experiment(spec["name"], out, runs, baseline, list(methods), dict(eval_sets), list(segments),
                       spec_path)
 
@@ -339,8 +353,8 @@ def collect_results(exp: Experiment, run: Run) -> dict:
         # The predictions already apply decode.null_threshold (v2): score them as they are.
         scores = M.per_question(ds.gold(), preds, version=version)
         questions[name] = scores
-        for seg_name in exp.segments:
-            labels = SEGMENTERS.get(seg_name)(ds.examples, folder, out / "best")
+        for seg_name, seg_fn, seg_options in exp.segments:
+            labels = SEGMENTERS.get(seg_fn)(ds.examples, folder, out / "best", **seg_options)
             for label in sorted(set(labels.values())):
                 qids = [q for q, lab in labels.items() if lab == label and q in scores]
                 em = sum(scores[q][0] for q in qids) / max(len(qids), 1) * 100
@@ -459,4 +473,59 @@ def aggregate_segments(results: dict) -> list[dict]:
             if method != base and base in by_method:
                 row["ttest"] = paired_ttest(f1, {k: v["f1"] for k, v in by_method[base].items()})
             rows.append(row)
+    return rows
+
+
+def improvement_rows(results: dict) -> list[dict]:
+    """§6.2 per method x eval set: among the questions where the method beats the baseline (paired
+    by seed), the share of corrections vs more precise boundaries; mean ± std over seeds."""
+    from .analysis.positions import improvement_categories
+    from .analysis.stats import mean_std
+    from .inference import read_dataset
+
+    runs = [r for r in results["runs"] if r["status"] == "finished"]
+    base = results["baseline"]
+    eval_sets = results["spec"].get("eval_sets") or {}
+    gold_cache: dict = {}
+
+    def predictions(run, eval_set):
+        folder = Path(run["output_dir"]) / ("eval" if eval_set == "val" else f"evals/{eval_set}")
+        path = folder / "predictions.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def gold(run, eval_set):
+        cfg = json.loads(run["config_json"])
+        spec = cfg["data"]["eval_file"] if eval_set == "val" else eval_sets.get(eval_set)
+        key = (json.dumps(spec), eval_set == "val" and cfg["data"]["max_eval_examples"])
+        if key not in gold_cache:
+            ds = read_dataset(spec)
+            if eval_set == "val" and cfg["data"]["max_eval_examples"]:
+                ds.examples = ds.examples[: cfg["data"]["max_eval_examples"]]
+            gold_cache[key] = ds.gold()
+        return gold_cache[key]
+
+    rows = []
+    cells: dict = {}
+    for r in runs:
+        for eval_set in r["metrics"]:
+            cells.setdefault((r["dataset"], r["train_size"], eval_set), {}).setdefault(r["method"], {})[r["seed"]] = r
+    for (dataset, size, eval_set), by_method in sorted(cells.items(), key=lambda kv: str(kv[0])):
+        if base not in by_method:
+            continue
+        for method in [m for m in results["methods"] if m in by_method and m != base]:
+            shares, counts = [], []
+            for seed, run in by_method[method].items():
+                b = by_method[base].get(seed)
+                pm, pb = predictions(run, eval_set), predictions(b, eval_set) if b else None
+                if pm is None or pb is None:
+                    continue
+                c = improvement_categories(gold(run, eval_set), pb, pm)
+                if c["improved"]:
+                    shares.append(100 * c["boundary_share"])
+                    counts.append(c["improved"])
+            if shares:
+                m, s = mean_std(shares)
+                rows.append({"dataset": dataset, "train_size": size, "eval_set": eval_set, "method": method,
+                             "seeds": len(shares), "improved_mean": float(np.mean(counts)),
+                             "boundary_share_mean": m, "boundary_share_std": s})
     return rows

@@ -36,3 +36,4 @@ class Registry:
 HEADS = Registry("head")
 LABEL_POLICIES = Registry("label policy")
 PERTURBATIONS = Registry("perturbation")
+SEGMENTERS = Registry("segmenter")

@@ -11,6 +11,7 @@ Output folder layout:
     train_log.jsonl      loss, lr, examples/s, real tokens/s every `train.log_every` steps
     eval_log.jsonl       metrics at every evaluation
     data_order/epoch-E.json   the epoch's batches as question ids (identical across methods for a seed)
+    position_updates.json     per position id, the steps in which it got a gradient (and the step count)
     checkpoints/last/    resumable: weights + optimizer/scheduler/RNG state + trainer_state.json
     best/                best eval F1 (or final weights without an eval file): safetensors + tokenizer
     eval/                predictions.json, nbest.json, null_odds.json, metrics.json of best/
@@ -30,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import RunConfig, data_version, load_config, save_config
+from .analysis.positions import PositionUpdateCounter
 from .data.collate import batch_order, collate
 from .data.features import build_qa_features
 from .errors import ConfigError
@@ -165,6 +167,9 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     raw_model = acc.unwrap_model(model)
 
     state = {"global_step": 0, "best_metric": None, "best_step": None, "train_seconds": 0.0}
+    # §2.3 pilot of the Random Padding paper: how often each position embedding gets a gradient.
+    updates = PositionUpdateCounter(getattr(raw_model.encoder.config, "max_position_embeddings", None)
+                                    or d.max_seq_len)
     if resume is not None:
         from safetensors.torch import load_file
 
@@ -178,6 +183,9 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
         state.update(json.loads((Path(resume) / "trainer_state.json").read_text()))
+        if state.get("position_updates"):
+            updates.counts[:] = state["position_updates"]["counts"]
+            updates.steps = state["position_updates"]["steps"]
 
     run_info = {
         "status": "running", "started": now_iso(), "seed": t.seed, "versions": versions(),
@@ -229,6 +237,9 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
             for p in perturbations:
                 batch = p(batch, gen)
             batch = move(batch, acc.device)
+            pos = batch.get("position_ids")
+            updates.add_batch(pos if pos is not None else raw_model.position_ids(batch["attention_mask"]),
+                              batch["attention_mask"])
             targets = {"start_positions": batch["start_positions"], "end_positions": batch["end_positions"]}
             sync = j == len(micro) - 1
             ctx = acc.no_sync(model) if not sync else contextlib.nullcontext()
@@ -244,6 +255,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
             acc.clip_grad_norm_(model.parameters(), t.max_grad_norm)
         optimizer.step()
         scheduler.step()
+        updates.end_step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
         state["train_seconds"] += time.perf_counter() - t_step
@@ -286,6 +298,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
             model.train()
         if do_save:
             state["global_step"] = step
+            state["position_updates"] = updates.to_dict()
             _save_last(acc, raw_model, optimizer, scheduler, cfg, tokenizer, state, last_dir, gather_object)
         window["t0"] += time.perf_counter() - pause
     bar.close()
@@ -300,6 +313,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     if eval_ds is not None and (out / "eval" / "metrics.json").is_file():
         summary["eval"] = json.loads((out / "eval" / "metrics.json").read_text())
     if main:
+        atomic_write_json(out / "position_updates.json", updates.to_dict(), indent=None)
         run_info.update(status="finished", finished=now_iso(), summary=summary)
         atomic_write_json(out / "run_info.json", run_info)
     acc.end_training()

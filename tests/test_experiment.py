@@ -225,7 +225,7 @@ def test_segments_flow_into_store_and_report(tmp_path):
 
     if "_test_context_half" not in SEGMENTERS.names():
         @SEGMENTERS.register("_test_context_half")
-        def _half(examples, eval_dir, checkpoint):
+        def _half(examples, eval_dir, checkpoint, **options):
             return {e.id: ("short" if len(e.context) < 700 else "long") for e in examples}
 
     spec = smoke_spec(tmp_path, seeds=[1, 2], eval_sets={}, segments=["_test_context_half"])

@@ -196,22 +196,57 @@ def plot_segments(seg_rows: list[dict], methods: list[str], out_dir: Path) -> li
     return paths
 
 
+def plot_updates(results: dict, path: Path) -> Path | None:
+    """§2.3: per position id, the share of training steps that updated it, mean over each method's runs."""
+    import json
+
+    from .positions import PositionUpdateCounter
+
+    by_method: dict = {}
+    for r in results["runs"]:
+        f = Path(r["output_dir"]) / "position_updates.json"
+        if r["status"] == "finished" and f.is_file():
+            by_method.setdefault(r["method"], []).append(PositionUpdateCounter.fractions(json.loads(f.read_text())))
+    if not by_method:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    last = 0
+    for m in results["methods"]:
+        if m in by_method:
+            frac = np.mean(by_method[m], axis=0) * 100
+            ax.plot(np.arange(len(frac)), frac, label=m)
+            used = np.flatnonzero(frac > 0)
+            last = max(last, int(used[-1]) + 1 if len(used) else 0)
+    ax.set_xlim(0, max(last + 8, 16))
+    ax.set_xlabel("position id")
+    ax.set_ylabel("% of training steps with a gradient")
+    ax.set_title("Position-embedding updates (mean over seeds)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 # ------------------------------------------------------------------------------------------ render
 def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
     """Aggregate the experiment's store and write report.md, report.html and plots/*.png."""
-    from ..experiment import aggregate, aggregate_segments, load_results
+    from ..experiment import aggregate, aggregate_segments, improvement_rows, load_results
     from ..utils import atomic_write_json, atomic_write_text
 
     exp_dir = Path(exp_dir)
     results = load_results(exp_dir)
     rows = aggregate(results, bootstrap_samples=bootstrap_samples)
     seg_rows = aggregate_segments(results)
+    improvements = improvement_rows(results)
     plots = exp_dir / "plots"
     plots.mkdir(exist_ok=True)
     figures = [("Method comparison (F1)", plot_comparison(rows, results["methods"], plots / "comparison_f1.png")),
                ("Method comparison (EM)", plot_comparison(rows, results["methods"], plots / "comparison_em.png", "EM")),
                ("Learning curves", plot_curves(results, plots / "learning_curves.png"))]
     figures += [(p.stem.replace("_", " "), p) for p in plot_segments(seg_rows, results["methods"], plots)]
+    figures.append(("Position-embedding updates", plot_updates(results, plots / "position_updates.png")))
     figures = [(t, p) for t, p in figures if p is not None]
 
     runs = results["runs"]
@@ -235,6 +270,16 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
         sh, sb = segment_table(seg_rows)
         md += ["## Segments", "", _md_table(sh, sb), ""]
         htm += ["<h2>Segments</h2>", _html_table(sh, sb)]
+    if improvements:
+        ih = ["data", "eval set", "method", "seeds", "questions improved (mean)",
+              "more precise boundaries, % (mean ± std)", "corrections, %"]
+        ib = [[_scope(r), r["eval_set"], r["method"], str(r["seeds"]), f"{r['improved_mean']:.1f}",
+               f"{_fmt(r['boundary_share_mean'])} ± {_fmt(r['boundary_share_std'])}",
+               _fmt(100 - r["boundary_share_mean"])] for r in improvements]
+        note = ("Among questions where the method's F1 beats the baseline's (same seed): a correction when "
+                "the two answers share no token, else a more precise boundary (Random Padding paper §6.2).")
+        md += ["## How the method improves", "", note, "", _md_table(ih, ib), ""]
+        htm += ["<h2>How the method improves</h2>", f"<p>{html.escape(note)}</p>", _html_table(ih, ib)]
     md += ["## Plots", ""]
     htm += ["<h2>Plots</h2>"]
     for title, p in figures:
@@ -250,6 +295,6 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
             f"<style>{style}</style></head><body>{''.join(htm)}</body></html>")
     atomic_write_text(exp_dir / "report.md", "\n".join(md) + "\n")
     atomic_write_text(exp_dir / "report.html", page)
-    atomic_write_json(exp_dir / "report.json", {"rows": rows, "segments": seg_rows})
+    atomic_write_json(exp_dir / "report.json", {"rows": rows, "segments": seg_rows, "improvements": improvements})
     return {"report_md": str(exp_dir / "report.md"), "report_html": str(exp_dir / "report.html"),
             "plots": [str(p) for _, p in figures], "rows": len(rows)}

@@ -79,6 +79,14 @@ def split_halves(examples: list[QAExample], seed: int, by_article: bool = False)
     return ([e for e in examples if e.title in val_titles], [e for e in examples if e.title not in val_titles])
 
 
+def sample_examples(examples: list[QAExample], n: int, seed: int) -> list[QAExample]:
+    """A seeded random subset of `n` examples (all when fewer), kept in their original order."""
+    if n >= len(examples):
+        return list(examples)
+    keep = set(random.Random(seed).sample(range(len(examples)), n))
+    return [e for i, e in enumerate(examples) if i in keep]
+
+
 def to_squad_json(examples: list[QAExample], version: str = "1.1") -> dict:
     """SQuAD JSON, one paragraph per question (truncated contexts differ per question)."""
     articles: dict[str, list] = {}
@@ -105,9 +113,10 @@ def statistics(examples: list[QAExample]) -> dict:
 
 def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_range: tuple[int, int] | None = None,
                   split: bool = False, by_article: bool = False, seed: int = 13, keep_unanswerable: bool = False,
-                  exclude_ambiguous: bool = False, name: str = "data") -> dict:
+                  exclude_ambiguous: bool = False, name: str = "data", sample: int | None = None) -> dict:
     """Read SQuAD/MRQA file(s), truncate, optionally split into val/test halves, write SQuAD JSON
-    plus a statistics table (stats.md, stats.json). Returns the statistics."""
+    plus a statistics table (stats.md, stats.json). `sample` keeps a seeded random subset of that many
+    instances of each written part (in file order), for CPU-sized experiments. Returns the statistics."""
     from pathlib import Path
 
     from ..errors import ConfigError
@@ -131,9 +140,15 @@ def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_rang
     else:
         label = "original"
     parts = dict(zip(("val", "test"), split_halves(examples, seed, by_article))) if split else {name: examples}
+    available = {part: len(exs) for part, exs in parts.items()}
+    if sample is not None:
+        if sample <= 0:
+            raise ConfigError(f"--sample must be positive, got {sample}")
+        parts = {part: sample_examples(exs, sample, seed) for part, exs in parts.items()}
     out = Path(out_dir)
     stats = {"inputs": [str(p) for p in inputs], "label": label, "seed": seed, "read": n_read,
-             "excluded_ambiguous": n_read - before["instances"], "before_truncation": before, "splits": {}}
+             "excluded_ambiguous": n_read - before["instances"], "before_truncation": before,
+             "available": available, "sample": sample, "splits": {}}
     for part, exs in parts.items():
         version = "2.0" if any(e.is_impossible for e in exs) else "1.1"
         atomic_write_json(out / f"{part}.json", to_squad_json(exs, version), indent=None)

@@ -1,0 +1,128 @@
+"""`posbias diagnose qa`: position analyses of any local QA model (posbias run or HF QA checkpoint)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .positions import (PositionUpdateCounter, first_x_labels, gold_mention_positions, predicted_start_positions,
+                        quartile_labels)
+
+
+def _table(labels: dict[str, str], scores: dict[str, tuple[float, float]]) -> list[dict]:
+    rows = []
+    for label in sorted(set(labels.values())):
+        q = [k for k, v in labels.items() if v == label and k in scores]
+        rows.append({"segment": label, "questions": len(q),
+                     "exact": 100 * float(np.mean([scores[k][0] for k in q])) if q else float("nan"),
+                     "f1": 100 * float(np.mean([scores[k][1] for k in q])) if q else float("nan")})
+    return rows
+
+
+def _md(rows: list[dict], title: str) -> list[str]:
+    out = [f"### {title}", "", "| segment | questions | EM | F1 |", "|---|---|---|---|"]
+    out += [f"| {r['segment']} | {r['questions']} | {r['exact']:.2f} | {r['f1']:.2f} |" for r in rows]
+    return out + [""]
+
+
+def plot_position_curve(mentions, scores, max_seq_len: int, path: Path, bin_size: int = 32) -> Path:
+    from .report import _plt
+
+    plt = _plt()
+    edges = np.arange(0, max_seq_len + bin_size, bin_size)
+    pos = {q: min(p) for q, p in mentions.items() if p and q in scores}
+    f1s, ns, centers = [], [], []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        q = [k for k, p in pos.items() if lo <= p < hi]
+        if q:
+            f1s.append(100 * np.mean([scores[k][1] for k in q]))
+            ns.append(len(q))
+            centers.append((lo + hi) / 2)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.plot(centers, f1s, marker="o")
+    for x, y, n in zip(centers, f1s, ns):
+        ax.annotate(f"n={n}", (x, y), fontsize=7, ha="center", xytext=(0, 5), textcoords="offset points")
+    ax.set_xlabel(f"token position of the earliest gold answer start (bins of {bin_size})")
+    ax.set_ylabel("F1")
+    ax.set_title("F1 by gold answer position")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_position_updates(updates: dict, path: Path, label: str = "") -> Path:
+    from .report import _plt
+
+    plt = _plt()
+    frac = PositionUpdateCounter.fractions(updates)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(np.arange(len(frac)), 100 * frac, label=label or None)
+    ax.set_xlabel("position id")
+    ax.set_ylabel("% of training steps with a gradient")
+    ax.set_ylim(-2, 102)
+    ax.set_title(f"Position-embedding updates ({updates['steps']} steps)")
+    if label:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool = True) -> dict:
+    """Evaluate `model` on `data` and write position analyses into `output_dir`:
+    diagnosis.md / .json, F1 by answer-position quartile (gold and predicted, Table 1), S_X^(1) vs
+    S_X^(2) for each X (App. C), an F1-by-position plot and, for a posbias run, the
+    position-embedding update plot (§2.3)."""
+    from .. import metrics as M
+    from ..api import _checkpoint_config, evaluate
+    from ..inference import read_dataset
+    from ..model import load_checkpoint
+    from ..utils import atomic_write_json, atomic_write_text
+
+    out = Path(output_dir)
+    result = evaluate(model, data, out / "eval", overrides=overrides, progress=progress)
+    _, tokenizer, mcfg = load_checkpoint(model)
+    cfg = _checkpoint_config(mcfg, overrides)
+    ds = read_dataset(data, cfg.data.on_bad_record)
+    if cfg.data.max_eval_examples:
+        ds.examples = ds.examples[: cfg.data.max_eval_examples]
+    preds = json.loads((out / "eval" / "predictions.json").read_text())
+    nbest = json.loads((out / "eval" / "nbest.json").read_text())
+    version = "2.0" if ds.has_impossible else "1.1"
+    scores = M.per_question(ds.gold(), preds, version=version)
+    d = cfg.data
+    mentions = gold_mention_positions(ds.examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
+                                      max_query_len=d.max_query_len, context_first=d.context_first)
+    tables = {
+        "gold_position_quartile": _table(quartile_labels({q: min(p) if p else None for q, p in mentions.items()},
+                                                         d.max_seq_len), scores),
+        "pred_position_quartile": _table(quartile_labels(predicted_start_positions(nbest, preds), d.max_seq_len),
+                                         scores),
+    }
+    for x in xs:
+        tables[f"first_x_tokens(x={x})"] = _table(first_x_labels(mentions, int(x)), scores)
+    plots = [plot_position_curve(mentions, scores, d.max_seq_len, out / "f1_by_position.png")]
+    run_dir = Path(model).parent
+    if (run_dir / "position_updates.json").is_file():
+        plots.append(plot_position_updates(json.loads((run_dir / "position_updates.json").read_text()),
+                                           out / "position_updates.png"))
+    md = [f"# Position diagnosis of `{model}` on `{ds.path}`", "",
+          f"{result['total']} questions, {result['windows']} windows (max_seq_len {d.max_seq_len}, doc_stride "
+          f"{d.doc_stride}): EM {result.get('exact_match', result.get('exact')):.2f}, "
+          f"F1 {result['f1']:.2f}.", "",
+          "Positions are token indices in the input window ([CLS] = 0). Gold: the earliest gold mention "
+          "(in the first window holding it). Predicted: the start of the predicted answer (the paper's Table 1).", ""]
+    titles = {"gold_position_quartile": "F1 by quarter of the window holding the gold answer start",
+              "pred_position_quartile": "F1 by quarter of the window holding the predicted start (Table 1)"}
+    for name, rows in tables.items():
+        md += _md(rows, titles.get(name, f"{name}: S_X(1) = some gold mention within the first X tokens, "
+                                         "S_X(2) = all later (App. C)"))
+    md += [f"![{p.stem}]({p.name})" for p in plots]
+    atomic_write_text(out / "diagnosis.md", "\n".join(md) + "\n")
+    summary = {"model": str(model), "data": ds.path, "metrics": result, "tables": tables,
+               "plots": [str(p) for p in plots]}
+    atomic_write_json(out / "diagnosis.json", summary)
+    return summary

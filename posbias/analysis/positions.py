@@ -1,0 +1,148 @@
+"""Answer-position analyses (Random Padding paper §2.3 Table 1, §6.1 + App. C, §6.2).
+
+Positions are token indices in the model's input window ([CLS] = 0, question first), the axis the
+absolute position embeddings see. A question's gold position is that of its earliest gold mention
+in the first window that holds it; its predicted position is the start token of its answer.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..data.examples import QAExample
+from ..registry import SEGMENTERS
+
+
+def gold_mention_positions(examples: list[QAExample], tokenizer, *, max_seq_len: int, doc_stride: int,
+                           max_query_len: int = 64, context_first: str = "auto") -> dict[str, list[int]]:
+    """Question id -> start token position of every gold mention (in the first window holding it)."""
+    from ..data.features import _label_tokens, build_qa_features
+
+    feats = build_qa_features(examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride,
+                              max_query_len=max_query_len, context_first=context_first, train=False)
+    out: dict[str, list[int]] = {e.id: [] for e in examples}
+    seen: dict[tuple[str, int], int] = {}
+    for w in range(len(feats)):
+        e = examples[feats.example_index[w]]
+        for k, a in enumerate(e.answers):
+            if (e.id, k) in seen:
+                continue  # the first window holding the mention decides its position
+            span = _label_tokens(feats.offsets[w], a.start, a.end)
+            if span is not None:
+                seen[(e.id, k)] = span[0]
+                out[e.id].append(span[0])
+    return out
+
+
+def quartile_labels(positions: dict[str, int | None], max_seq_len: int) -> dict[str, str]:
+    """Label each question with the quarter of [0, max_seq_len) its position falls in (Table 1)."""
+    q = max_seq_len / 4
+    out = {}
+    for qid, p in positions.items():
+        if p is None:
+            continue
+        i = min(int(p // q), 3)
+        out[qid] = f"Q{i + 1} [{int(i * q)},{int((i + 1) * q)})"
+    return out
+
+
+def first_x_labels(mentions: dict[str, list[int]], x: int) -> dict[str, str]:
+    """S_X^(1): at least one gold mention starts within the first X tokens; S_X^(2): all start later
+    (App. C). Questions with no locatable mention are left out."""
+    return {qid: (f"S{x}(1)" if min(ps) <= x else f"S{x}(2)") for qid, ps in mentions.items() if ps}
+
+
+def predicted_start_positions(nbest: dict[str, list[dict]], predictions: dict[str, str]) -> dict[str, int | None]:
+    """Question id -> start token of the predicted answer (None for a null/absent answer)."""
+    out = {}
+    for qid, text in predictions.items():
+        top = next((c for c in nbest.get(qid, []) if c["text"] == text and c["token_start"] >= 0), None)
+        out[qid] = top["token_start"] if top and text else None
+    return out
+
+
+def _checkpoint_setup(checkpoint):
+    from ..model import load_checkpoint
+
+    _, tokenizer, cfg = load_checkpoint(checkpoint)
+    return tokenizer, cfg
+
+
+@SEGMENTERS.register("gold_position_quartile")
+def gold_position_quartile(examples, eval_dir, checkpoint, **options):
+    """Quarter of the input window where the earliest gold mention starts."""
+    tokenizer, cfg = _checkpoint_setup(checkpoint)
+    d = cfg.data
+    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
+                                      max_query_len=d.max_query_len, context_first=d.context_first)
+    return quartile_labels({q: min(p) if p else None for q, p in mentions.items()}, d.max_seq_len)
+
+
+@SEGMENTERS.register("pred_position_quartile")
+def pred_position_quartile(examples, eval_dir, checkpoint, **options):
+    """Quarter of the input window where the predicted answer starts (the paper's Table 1 split)."""
+    _, cfg = _checkpoint_setup(checkpoint)
+    nbest = json.loads((Path(eval_dir) / "nbest.json").read_text())
+    preds = json.loads((Path(eval_dir) / "predictions.json").read_text())
+    return quartile_labels(predicted_start_positions(nbest, preds), cfg.data.max_seq_len)
+
+
+@SEGMENTERS.register("first_x_tokens")
+def first_x_tokens(examples, eval_dir, checkpoint, x: int = 100, **options):
+    """S_X^(1) / S_X^(2) of App. C, X in tokens of the input window."""
+    tokenizer, cfg = _checkpoint_setup(checkpoint)
+    d = cfg.data
+    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
+                                      max_query_len=d.max_query_len, context_first=d.context_first)
+    return first_x_labels(mentions, int(x))
+
+
+# ------------------------------------------------------------------------- improvement categories
+def improvement_categories(gold: dict[str, list[str]], baseline: dict[str, str], method: dict[str, str]) -> dict:
+    """§6.2: among questions where the method's F1 beats the baseline's, the share of corrections
+    (the two predictions share no token: a different answer) vs more precise boundaries (they share
+    tokens: the same answer, better cut)."""
+    from ..metrics import f1 as f1_score, normalize_answer
+
+    improved = corrections = 0
+    for qid, golds in gold.items():
+        b, m = baseline.get(qid, ""), method.get(qid, "")
+        fb = max((f1_score(b, g) for g in golds), default=0.0)
+        fm = max((f1_score(m, g) for g in golds), default=0.0)
+        if fm <= fb:
+            continue
+        improved += 1
+        if not set(normalize_answer(b).split()) & set(normalize_answer(m).split()):
+            corrections += 1
+    return {"improved": improved, "corrections": corrections, "boundaries": improved - corrections,
+            "correction_share": corrections / improved if improved else float("nan"),
+            "boundary_share": (improved - corrections) / improved if improved else float("nan")}
+
+
+# --------------------------------------------------------------------- position-embedding updates
+class PositionUpdateCounter:
+    """§2.3 pilot: for each position id, the number of optimizer steps in which it received a
+    gradient, i.e. appeared on a real (non-padding) token of the step's batches."""
+
+    def __init__(self, n_positions: int):
+        self.counts = np.zeros(n_positions, dtype=np.int64)
+        self.steps = 0
+        self._step_seen = np.zeros(n_positions, dtype=bool)
+
+    def add_batch(self, position_ids, attention_mask) -> None:
+        ids = position_ids[attention_mask.bool()].unique().cpu().numpy()
+        self._step_seen[ids[ids < len(self._step_seen)]] = True
+
+    def end_step(self) -> None:
+        self.counts += self._step_seen
+        self.steps += 1
+        self._step_seen[:] = False
+
+    def to_dict(self) -> dict:
+        return {"steps": self.steps, "counts": self.counts.tolist()}
+
+    @staticmethod
+    def fractions(d: dict) -> np.ndarray:
+        return np.asarray(d["counts"], dtype=np.float64) / max(d["steps"], 1)

@@ -1,0 +1,116 @@
+"""Position analyses: gold/predicted positions, quartiles, S_X segments, update counts, §6.2, diagnose."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import posbias
+from posbias.analysis.positions import (PositionUpdateCounter, first_x_labels, gold_mention_positions,
+                                        improvement_categories, predicted_start_positions, quartile_labels)
+from posbias.config import build_config
+from posbias.data.collate import collate
+from posbias.data.features import build_qa_features
+from posbias.data.squad import read_qa
+
+from conftest import DEMO_DEV, tiny_config, tiny_model
+
+
+def test_gold_mention_positions_point_at_the_answers(tokenizer, dev_examples):
+    examples = dev_examples[:40]
+    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24)
+    feats = build_qa_features(examples, tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24)
+    first_window = {}
+    for w, e in enumerate(feats.example_index):
+        first_window.setdefault(int(e), w)
+    n_found = 0
+    for i, e in enumerate(examples):
+        assert len(mentions[e.id]) <= len(e.answers)
+        n_found += len(mentions[e.id])
+        for p in mentions[e.id]:
+            assert p > 0  # never [CLS]
+    assert n_found >= 40
+    # The first answer of the first question: its token's characters start the answer text.
+    w = first_window[0]
+    p = mentions[examples[0].id][0]
+    o = feats.offsets[w][p]
+    assert examples[0].answers[0].text.lower().startswith(examples[0].context[o[0]:o[1]].lower())
+
+
+def test_quartiles_and_first_x_by_hand():
+    labels = quartile_labels({"a": 0, "b": 95, "c": 96, "d": 383, "e": None}, 384)
+    assert labels == {"a": "Q1 [0,96)", "b": "Q1 [0,96)", "c": "Q2 [96,192)", "d": "Q4 [288,384)"}
+    # App. C's example: mentions at 99 and 200 -> S(1); at 101 and 200 -> S(2); none -> left out.
+    assert first_x_labels({"p": [200, 99], "q": [101, 200], "r": []}, 100) == {"p": "S100(1)", "q": "S100(2)"}
+
+
+def test_predicted_positions_from_nbest():
+    nbest = {"a": [{"text": "x", "token_start": 7}, {"text": "y", "token_start": 9}],
+             "b": [{"text": "", "token_start": -1}, {"text": "z", "token_start": 3}]}
+    assert predicted_start_positions(nbest, {"a": "y", "b": ""}) == {"a": 9, "b": None}
+
+
+def test_improvement_categories_by_hand():
+    gold = {"1": ["the Eiffel Tower"], "2": ["in 1889"], "3": ["Paris"], "4": ["red"]}
+    base = {"1": "Louvre", "2": "built in 1889 by", "3": "Paris", "4": "red"}
+    new = {"1": "Eiffel Tower", "2": "in 1889", "3": "Paris", "4": "blue"}
+    c = improvement_categories(gold, base, new)
+    # q1: F1 0 -> 1, no token shared with the baseline's answer: a correction. q2: F1 2/3 -> 1
+    # (baseline P 2/4, R 2/2), shares "in 1889": a more precise boundary. q3 ties, q4 got worse.
+    assert c == {"improved": 2, "corrections": 1, "boundaries": 1, "correction_share": 0.5, "boundary_share": 0.5}
+
+
+def test_update_counter_matches_real_gradients(tokenizer, dev_examples):
+    """Counted positions are exactly the rows of the position table that receive a gradient."""
+    model = tiny_model(tokenizer)
+    feats = build_qa_features(dev_examples[:6], tokenizer, max_seq_len=128, doc_stride=48, train=True)
+    counter = PositionUpdateCounter(512)
+    for idx in (np.array([0, 1]), np.array([2, 3, 4])):
+        model.zero_grad()
+        batch = collate(feats, idx, pad_id=0, with_labels=True)
+        batch["position_ids"] = model.position_ids(batch["attention_mask"]) + 5 * (batch["attention_mask"] > 0)
+        model(batch, {k: batch[k] for k in ("start_positions", "end_positions")})["loss"].backward()
+        grad_rows = set(torch.nonzero(model.encoder.embeddings.position_embeddings.weight.grad.abs().sum(1)).flatten().tolist())
+        counter.add_batch(batch["position_ids"], batch["attention_mask"])
+        counter.end_step()
+        used = set(batch["position_ids"][batch["attention_mask"].bool()].unique().tolist())
+        assert grad_rows == used
+    assert counter.steps == 2 and counter.counts[5] == 2 and counter.counts[0] == 0  # shifted by 5: 0 unused
+    assert PositionUpdateCounter.fractions(counter.to_dict())[5] == 1.0
+
+
+def test_training_writes_position_updates(tmp_path):
+    cfg = build_config(tiny_config(tmp_path, data={"eval_file": None}, train={"max_steps": 4})
+                       | {"perturb": [{"name": "random_padding"}]})
+    posbias.train(cfg, progress=False)
+    base = build_config(tiny_config(tmp_path / "b", data={"eval_file": None}, train={"max_steps": 4}))
+    posbias.train(base, progress=False)
+    rp = json.loads((tmp_path / "run" / "position_updates.json").read_text())
+    bl = json.loads((tmp_path / "b" / "run" / "position_updates.json").read_text())
+    assert rp["steps"] == bl["steps"] == 4
+    assert rp["counts"][0] == bl["counts"][0] == 4  # [CLS] at position 0 every step
+    # Random Padding moves updates to the rear of the window (max_seq_len 128), never past it.
+    assert sum(rp["counts"][96:128]) > sum(bl["counts"][96:128])
+    assert sum(rp["counts"][128:]) == sum(bl["counts"][128:]) == 0
+
+
+def test_diagnose_writes_position_analyses(tmp_path):
+    cfg = build_config(tiny_config(tmp_path, train={"max_steps": 2}))
+    posbias.train(cfg, progress=False)
+    res = posbias.diagnose(tmp_path / "run" / "best", DEMO_DEV, tmp_path / "diag", xs=(40, 80),
+                           overrides=["data.max_eval_examples=60"], progress=False)
+    assert set(res["tables"]) == {"gold_position_quartile", "pred_position_quartile",
+                                  "first_x_tokens(x=40)", "first_x_tokens(x=80)"}
+    for rows in res["tables"].values():
+        assert 0 < sum(r["questions"] for r in rows) <= 60
+    s40 = {r["segment"]: r["questions"] for r in res["tables"]["first_x_tokens(x=40)"]}
+    s80 = {r["segment"]: r["questions"] for r in res["tables"]["first_x_tokens(x=80)"]}
+    assert s80.get("S80(1)", 0) >= s40.get("S40(1)", 0)  # a larger X puts more questions in S(1)
+    for f in ("diagnosis.md", "diagnosis.json", "f1_by_position.png", "position_updates.png", "eval/predictions.json"):
+        assert (tmp_path / "diag" / f).is_file(), f
+    # Any Hugging Face QA folder can be diagnosed too.
+    hf = posbias.export(tmp_path / "run" / "best", tmp_path / "hf")
+    res_hf = posbias.diagnose(hf, DEMO_DEV, tmp_path / "diag_hf", overrides=["data.max_eval_examples=60",
+                                                                         "data.max_seq_len=128", "data.doc_stride=48"],
+                              progress=False)
+    assert res_hf["metrics"]["total"] == 60
