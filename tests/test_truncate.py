@@ -74,3 +74,18 @@ def test_cli_build_writes_readable_squad_and_stats(tmp_path):
     assert not val.has_impossible  # unanswerable instances are dropped from evaluation sets
     stats = json.loads((out / "stats.json").read_text())
     assert stats["splits"]["val"]["instances"] == len(val.examples)
+
+
+def test_sample_keeps_a_seeded_ordered_subset_per_part(tmp_path):
+    from posbias.data.truncate import build_dataset, sample_examples
+
+    exs = [ex([Answer("beta", 6)], qid=f"q{i}") for i in range(10)]
+    a, b = sample_examples(exs, 4, seed=3), sample_examples(exs, 4, seed=3)
+    assert [e.id for e in a] == [e.id for e in b] and len(a) == 4
+    assert [e.id for e in a] == sorted((e.id for e in a), key=lambda q: int(q[1:]))  # file order kept
+    assert sample_examples(exs, 50, seed=3) == exs
+    stats = build_dataset([DEMO_DEV], tmp_path / "s", split=True, seed=4, sample=30)
+    val, test = read_qa(tmp_path / "s" / "val.json"), read_qa(tmp_path / "s" / "test.json")
+    assert len(val.examples) == len(test.examples) == 30
+    assert not {e.id for e in val.examples} & {e.id for e in test.examples}  # halves stay disjoint
+    assert stats["available"]["val"] > 30 and stats["sample"] == 30
