@@ -446,12 +446,64 @@ def _run_of_seed(runs: list[dict], seed: int) -> str | None:
     return next((r["name"] for r in runs if r["seed"] == seed), None)
 
 
-def aggregate_segments(results: dict) -> list[dict]:
+def _eval_examples(results: dict, run: dict, eval_set: str):
+    """The examples a run was scored on for `eval_set` (the validation set capped as in training)."""
+    from .inference import read_dataset
+
+    cfg = json.loads(run["config_json"])
+    spec = cfg["data"]["eval_file"] if eval_set == "val" else (results["spec"].get("eval_sets") or {}).get(eval_set)
+    if spec is None:
+        return None
+    ds = read_dataset(spec, cfg["data"].get("on_bad_record", "error"))
+    if eval_set == "val" and cfg["data"].get("max_eval_examples"):
+        ds.examples = ds.examples[: cfg["data"]["max_eval_examples"]]
+    return ds.examples
+
+
+def gold_segment_labels(results: dict) -> dict:
+    """(run, eval set, segmenter label) -> {qid: segment} for the segmenters whose segments depend on
+    the gold answers only (`SEGMENTERS` functions marked `gold_only`): the same questions for every
+    method, so a paired bootstrap over them is meaningful. Computed from each run's tokenizer and
+    data settings (cached: methods that share them share the labels)."""
+    specs = [_segment_spec(s, i) for i, s in enumerate(results["spec"].get("segments") or [])]
+    specs = [(label, name, opts) for label, name, opts in specs if getattr(SEGMENTERS.get(name), "gold_only", False)]
+    if not specs:
+        return {}
+    present = {(s["run"], s["eval_set"], s["segmenter"]) for s in results["segments"]}
+    out, cache, examples = {}, {}, {}
+    for run in (r for r in results["runs"] if r["status"] == "finished"):
+        cfg = json.loads(run["config_json"])
+        d = cfg["data"]
+        setting = json.dumps([cfg["model"]["name_or_path"], cfg["model"].get("tokenizer"), d["max_seq_len"],
+                              d["doc_stride"], d["max_query_len"], d.get("context_first")])
+        for eval_set in run["metrics"]:
+            for label, name, opts in specs:
+                if (run["name"], eval_set, label) not in present:
+                    continue
+                key = (setting, eval_set, label, eval_set == "val" and d.get("max_eval_examples"))
+                if key not in cache:
+                    ek = (eval_set, key[3])
+                    if ek not in examples:
+                        examples[ek] = _eval_examples(results, run, eval_set)
+                    best = Path(run["output_dir"]) / "best"
+                    if examples[ek] is None or not best.is_dir():
+                        continue
+                    cache[key] = SEGMENTERS.get(name)(examples[ek], None, best, **opts)
+                out[(run["name"], eval_set, label)] = cache[key]
+    return out
+
+
+def aggregate_segments(results: dict, bootstrap_samples: int = 10_000) -> list[dict]:
     """Per eval set x segmenter x segment x method: F1/EM mean ± std over seeds, and the paired
-    t-test of the F1 difference to the baseline."""
+    t-test of the F1 difference to the baseline; for gold-only segmenters (the same questions for
+    every method) also the paired bootstrap over the segment's questions."""
     from .analysis.stats import mean_std, paired_ttest
 
     runs = {r["name"]: r for r in results["runs"] if r["status"] == "finished"}
+    labels = gold_segment_labels(results) if bootstrap_samples else {}
+    per_q: dict = {}
+    for q in results["questions"]:
+        per_q.setdefault((q["run"], q["eval_set"]), {})[q["qid"]] = (q["exact"], q["f1"])
     cells: dict = {}
     for s in results["segments"]:
         r = runs.get(s["run"])
@@ -472,8 +524,33 @@ def aggregate_segments(results: dict) -> list[dict]:
                        f1_mean=mean, f1_std=std, em_mean=em_mean, em_std=em_std)
             if method != base and base in by_method:
                 row["ttest"] = paired_ttest(f1, {k: v["f1"] for k, v in by_method[base].items()})
+                boot = _segment_bootstrap(key, method, by_method, base, labels, per_q, bootstrap_samples)
+                if boot is not None:
+                    row["bootstrap"] = boot
             rows.append(row)
     return rows
+
+
+def _segment_bootstrap(key, method, by_method, base, labels, per_q, samples):
+    """Paired bootstrap of F1 over the questions of one gold-only segment (scores averaged over seeds)."""
+    from .analysis.stats import paired_bootstrap
+
+    _, _, eval_set, segmenter, segment = key
+    seeds = sorted(set(by_method[method]) & set(by_method[base]))
+    pairs = [(by_method[method][s]["run"], by_method[base][s]["run"]) for s in seeds]
+    qsets = []
+    for m_run, b_run in pairs:
+        lm, lb = labels.get((m_run, eval_set, segmenter)), labels.get((b_run, eval_set, segmenter))
+        if lm is None or lb is None:
+            return None
+        qsets.append({q for q, lab in lm.items() if str(lab) == segment} & {q for q, lab in lb.items() if str(lab) == segment}
+                     & set(per_q.get((m_run, eval_set), {})) & set(per_q.get((b_run, eval_set), {})))
+    qids = sorted(set.intersection(*qsets)) if qsets else []
+    if not qids:
+        return None
+    mm = np.mean([[per_q[(m, eval_set)][q][1] for q in qids] for m, _ in pairs], axis=0) * 100
+    bb = np.mean([[per_q[(b, eval_set)][q][1] for q in qids] for _, b in pairs], axis=0) * 100
+    return paired_bootstrap(mm, bb, samples=samples)
 
 
 def improvement_rows(results: dict) -> list[dict]:

@@ -228,18 +228,35 @@ def test_segments_flow_into_store_and_report(tmp_path):
         def _half(examples, eval_dir, checkpoint, **options):
             return {e.id: ("short" if len(e.context) < 700 else "long") for e in examples}
 
-    spec = smoke_spec(tmp_path, seeds=[1, 2], eval_sets={}, segments=["_test_context_half"])
+    if "_test_gold_half" not in SEGMENTERS.names():
+        @SEGMENTERS.register("_test_gold_half")
+        def _gold_half(examples, eval_dir, checkpoint, **options):
+            return {e.id: ("early" if e.answers[0].start < 300 else "late") for e in examples}
+        _gold_half.gold_only = True  # same questions for every method -> paired bootstrap
+
+    spec = smoke_spec(tmp_path, seeds=[1, 2], eval_sets={}, segments=["_test_context_half", "_test_gold_half"])
     posbias.experiment_run(spec, progress=False)
     results = load_results(tmp_path / "exp")
-    assert {s["segment"] for s in results["segments"]} == {"short", "long"}
+    assert {s["segment"] for s in results["segments"]} == {"short", "long", "early", "late"}
     n = {s["segment"]: s["n"] for s in results["segments"] if s["run"] == "context_softmax/seed1"}
-    assert n["short"] + n["long"] == 24  # every validation question in exactly one segment
-    rows = aggregate_segments(results)
-    assert len(rows) == 2 * 2 and all(r["n_runs"] == 2 for r in rows)
-    assert "ttest" in next(r for r in rows if r["method"] == "all_token_softmax")
+    assert n["short"] + n["long"] == n["early"] + n["late"] == 24  # every question in exactly one segment
+    rows = aggregate_segments(results, bootstrap_samples=500)
+    assert len(rows) == 2 * 2 * 2 and all(r["n_runs"] == 2 for r in rows)
+    method_rows = {r["segment"]: r for r in rows if r["method"] == "all_token_softmax"}
+    assert all("ttest" in r for r in method_rows.values())
+    # Only the gold-only segmenter pairs questions; its bootstrap equals one computed by hand.
+    assert "bootstrap" not in method_rows["short"] and "bootstrap" not in method_rows["long"]
+    scores = {(q["run"], q["qid"]): q["f1"] for q in results["questions"] if q["eval_set"] == "val"}
+    spec_ds = posbias.inference.read_dataset(load_experiment(spec).runs[0].config.data.eval_file)
+    late = sorted(e.id for e in spec_ds.examples[:24] if e.answers[0].start >= 300)
+    m = np.mean([[scores[(f"all_token_softmax/seed{s}", q)] for q in late] for s in (1, 2)], axis=0) * 100
+    b = np.mean([[scores[(f"context_softmax/seed{s}", q)] for q in late] for s in (1, 2)], axis=0) * 100
+    expected = paired_bootstrap(m, b, samples=500)
+    assert method_rows["late"]["bootstrap"]["diff"] == pytest.approx(expected["diff"])
+    assert method_rows["late"]["bootstrap"]["p"] == pytest.approx(expected["p"])
     posbias.experiment_report(tmp_path / "exp", bootstrap_samples=200)
     md = (tmp_path / "exp" / "report.md").read_text()
-    assert "## Segments" in md and "_test_context_half" in md
+    assert "## Segments" in md and "_test_context_half" in md and "_test_gold_half" in md
     assert list((tmp_path / "exp" / "plots").glob("segments_*.png"))
 
 

@@ -99,6 +99,12 @@ def first_x_tokens(examples, eval_dir, checkpoint, x: int = 100, **options):
     return first_x_labels(mentions, int(x))
 
 
+# Segments that depend on the gold answers only: the same questions for every method, so the report
+# can pair methods question by question within a segment (the bootstrap).
+gold_position_quartile.gold_only = True
+first_x_tokens.gold_only = True
+
+
 # ------------------------------------------------------------------------- improvement categories
 def improvement_categories(gold: dict[str, list[str]], baseline: dict[str, str], method: dict[str, str]) -> dict:
     """§6.2: among questions where the method's F1 beats the baseline's, the share of corrections

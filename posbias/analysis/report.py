@@ -36,6 +36,11 @@ def _scope(row) -> str:
     return " ".join(str(p) for p in parts if p) or "–"
 
 
+def _boot(row) -> str:
+    b = row.get("bootstrap")
+    return f"{_p(b['p'])} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]" if b else ""
+
+
 def comparison_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     head = ["data", "eval set", "metric", "method", "mean ± std", "Δ vs baseline", "t-test p (seeds)",
             "bootstrap p [95% CI] (questions)", "runs", "wall min"]
@@ -46,19 +51,15 @@ def comparison_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             d = _fmt(r["ttest"]["diff"])
             d = ("+" if r["ttest"]["diff"] > 0 else "") + d
             delta = f"**{d}**" if significant(r) else d
-        boot = ""
-        if "bootstrap" in r:
-            b = r["bootstrap"]
-            boot = f"{_p(b['p'])} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]"
         body.append([_scope(r), r["eval_set"], r["metric"], r["method"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}",
-                     delta, _p(r["ttest"]["p"]) if "ttest" in r else "", boot, str(r["n_runs"]),
+                     delta, _p(r["ttest"]["p"]) if "ttest" in r else "", _boot(r), str(r["n_runs"]),
                      f"{r['wall_seconds'] / 60:.1f}"])
     return head, body
 
 
 def segment_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     head = ["data", "eval set", "segmenter", "segment", "questions", "method", "F1 mean ± std", "EM mean ± std",
-            "Δ F1", "t-test p"]
+            "Δ F1", "t-test p (seeds)", "bootstrap p [95% CI] (questions)"]
     body = []
     for r in rows:
         delta = ""
@@ -67,7 +68,7 @@ def segment_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             delta = f"**{d}**" if significant(r) else d
         body.append([_scope(r), r["eval_set"], r["segmenter"], r["segment"], str(r["n_questions"]), r["method"],
                      f"{_fmt(r['f1_mean'])} ± {_fmt(r['f1_std'])}", f"{_fmt(r['em_mean'])} ± {_fmt(r['em_std'])}",
-                     delta, _p(r["ttest"]["p"]) if "ttest" in r else ""])
+                     delta, _p(r["ttest"]["p"]) if "ttest" in r else "", _boot(r)])
     return head, body
 
 
@@ -238,7 +239,7 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
     exp_dir = Path(exp_dir)
     results = load_results(exp_dir)
     rows = aggregate(results, bootstrap_samples=bootstrap_samples)
-    seg_rows = aggregate_segments(results)
+    seg_rows = aggregate_segments(results, bootstrap_samples=bootstrap_samples)
     improvements = improvement_rows(results)
     plots = exp_dir / "plots"
     plots.mkdir(exist_ok=True)
@@ -268,8 +269,11 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
            "<h2>Results</h2>", _html_table(head, body)]
     if seg_rows:
         sh, sb = segment_table(seg_rows)
-        md += ["## Segments", "", _md_table(sh, sb), ""]
-        htm += ["<h2>Segments</h2>", _html_table(sh, sb)]
+        note = ("Segments by gold answer position (`first_x_tokens`, `gold_position_quartile`) hold the same "
+                "questions for every method: their Δ F1 is tested over seeds and by a paired bootstrap over the "
+                "segment's questions. Segments by predicted position differ by method (t-test only).")
+        md += ["## Segments", "", note, "", _md_table(sh, sb), ""]
+        htm += ["<h2>Segments</h2>", f"<p>{html.escape(note)}</p>", _html_table(sh, sb)]
     if improvements:
         ih = ["data", "eval set", "method", "seeds", "questions improved (mean)",
               "more precise boundaries, % (mean ± std)", "corrections, %"]
