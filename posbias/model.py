@@ -4,6 +4,7 @@ Shape legend: b batch, s sequence, d hidden.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -15,6 +16,7 @@ from torch import nn
 
 from .config import ModelConfig, RunConfig, load_config, resolve_path
 from .errors import ConfigError
+from . import heads as _heads  # noqa: F401  (registers the built-in heads)
 from .registry import HEADS
 
 # posbias never downloads: every from_pretrained below reads local files only.
@@ -23,6 +25,26 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 CHECKPOINT_CONFIG = "posbias.yaml"
 WEIGHTS = "model.safetensors"
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' per-load report table and "Loading weights" bar.
+
+    transformers 5 prints both for every `from_pretrained`, e.g. a table flagging the pooler that
+    posbias drops on purpose; `build_model` reports the weights that really matter (missing ones).
+    """
+    from transformers.utils import logging as hf_logging
+
+    level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bar:
+            hf_logging.enable_progress_bar()
 
 
 def _local_dir(path: str, key: str) -> str:
@@ -97,13 +119,19 @@ def build_model(mcfg: ModelConfig, tokenizer, null_answer: bool) -> QAModel:
     if mcfg.name_or_path:
         path = _local_dir(resolve_path(mcfg.name_or_path), "model.name_or_path")
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), quiet_transformers():
                 warnings.simplefilter("ignore")
-                encoder = AutoModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False)
-        except TypeError:
-            encoder = AutoModel.from_pretrained(path, local_files_only=True)
+                try:
+                    encoder, info = AutoModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False,
+                                                              output_loading_info=True)
+                except TypeError:  # an encoder class without a pooler option
+                    encoder, info = AutoModel.from_pretrained(path, local_files_only=True, output_loading_info=True)
         except (OSError, ValueError) as e:
             raise ConfigError(f"model.name_or_path: cannot load an encoder from {path}: {e}") from None
+        missing = sorted(k for k in info.get("missing_keys", ()) if "pooler" not in k)
+        if missing:  # the checkpoint is not (all of) a pretrained encoder: say so, once
+            warnings.warn(f"model.name_or_path: {len(missing)} encoder weight(s) are not in {path} and start "
+                          f"random: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", stacklevel=2)
     else:
         spec = dict(mcfg.encoder)
         spec.setdefault("vocab_size", len(tokenizer))
@@ -193,7 +221,7 @@ def _load_hf_qa(path: str):
     if not any(a.endswith("ForQuestionAnswering") for a in archs):
         raise ConfigError(f"{path}: config.json architectures {archs} has no *ForQuestionAnswering model; "
                           "to train from a bare encoder use `posbias train qa` with model.name_or_path")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_transformers():
         warnings.simplefilter("ignore")
         hf = AutoModelForQuestionAnswering.from_pretrained(path, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -102,3 +102,31 @@ def test_all_token_softmax_option_changes_the_loss_not_the_candidates(tokenizer,
     assert b["loss"] > a["loss"]
     q = batch["attention_mask"].bool() & ~batch["span_mask"]
     assert (b["start_logits"][q] > -1e30).all() and (a["start_logits"][q] < -1e30).all()
+
+
+def test_pretrained_encoder_loads_quietly_and_names_missing_weights(tokenizer, tmp_path, capfd):
+    """A local encoder folder loads without transformers' load-report table (the dropped pooler is
+    expected); weights the folder lacks are named in one warning, not silently left random."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, AutoModel
+
+    from posbias.config import ModelConfig
+    from posbias.model import build_model
+
+    from conftest import TINY_ENCODER
+
+    spec = {k: v for k, v in TINY_ENCODER.items() if k != "model_type"}
+    cfg = AutoConfig.for_model("bert", vocab_size=len(tokenizer), **spec)
+    AutoModel.from_config(cfg).save_pretrained(str(tmp_path / "enc"))  # with a pooler
+    capfd.readouterr()
+    mcfg = ModelConfig(name_or_path=str(tmp_path / "enc"), tokenizer="tiny")
+    build_model(mcfg, tokenizer, null_answer=False)
+    out, err = capfd.readouterr()
+    assert "LOAD REPORT" not in out + err and "Loading weights" not in out + err
+
+    weights = tmp_path / "enc" / "model.safetensors"
+    state = load_file(str(weights))
+    del state["encoder.layer.1.output.dense.weight"]
+    save_file(state, str(weights), metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match=r"1 encoder weight\(s\) .*encoder\.layer\.1\.output\.dense\.weight"):
+        build_model(mcfg, tokenizer, null_answer=False)

@@ -53,22 +53,10 @@ def plot_position_curve(mentions, scores, max_seq_len: int, path: Path, bin_size
 
 
 def plot_position_updates(updates: dict, path: Path, label: str = "") -> Path:
-    from .report import _plt
+    from .report import plot_update_fractions
 
-    plt = _plt()
-    frac = PositionUpdateCounter.fractions(updates)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot(np.arange(len(frac)), 100 * frac, label=label or None)
-    ax.set_xlabel("position id")
-    ax.set_ylabel("% of training steps with a gradient")
-    ax.set_ylim(-2, 102)
-    ax.set_title(f"Position-embedding updates ({updates['steps']} steps)")
-    if label:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plot_update_fractions({label: PositionUpdateCounter.fractions(updates)}, path,
+                                 f"Position-embedding updates ({updates['steps']} steps)")
 
 
 def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool = True) -> dict:

@@ -197,8 +197,31 @@ def plot_segments(seg_rows: list[dict], methods: list[str], out_dir: Path) -> li
     return paths
 
 
+def plot_update_fractions(curves: dict[str, np.ndarray], path: Path, title: str) -> Path:
+    """§2.3: one line per label, the % of training steps in which each position id got a gradient."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    last = 0
+    for label, frac in curves.items():
+        ax.plot(np.arange(len(frac)), 100 * frac, label=label)
+        used = np.flatnonzero(frac > 0)
+        last = max(last, int(used[-1]) + 1 if len(used) else 0)
+    # Start left of 0 so that the [CLS] point (position 0, updated every step) is not hidden by the axis.
+    ax.set_xlim(-0.02 * (last + 8), max(last + 8, 16))
+    ax.set_ylim(-2, 102)
+    ax.set_xlabel("position id ([CLS] = 0)")
+    ax.set_ylabel("% of training steps with a gradient")
+    ax.set_title(title)
+    if len(curves) > 1 or next(iter(curves), ""):
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_updates(results: dict, path: Path) -> Path | None:
-    """§2.3: per position id, the share of training steps that updated it, mean over each method's runs."""
+    """Position-embedding updates of an experiment, mean over each method's runs."""
     import json
 
     from .positions import PositionUpdateCounter
@@ -210,24 +233,8 @@ def plot_updates(results: dict, path: Path) -> Path | None:
             by_method.setdefault(r["method"], []).append(PositionUpdateCounter.fractions(json.loads(f.read_text())))
     if not by_method:
         return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    last = 0
-    for m in results["methods"]:
-        if m in by_method:
-            frac = np.mean(by_method[m], axis=0) * 100
-            ax.plot(np.arange(len(frac)), frac, label=m)
-            used = np.flatnonzero(frac > 0)
-            last = max(last, int(used[-1]) + 1 if len(used) else 0)
-    ax.set_xlim(0, max(last + 8, 16))
-    ax.set_xlabel("position id")
-    ax.set_ylabel("% of training steps with a gradient")
-    ax.set_title("Position-embedding updates (mean over seeds)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    curves = {m: np.mean(by_method[m], axis=0) for m in results["methods"] if m in by_method}
+    return plot_update_fractions(curves, path, "Position-embedding updates (mean over seeds)")
 
 
 # ------------------------------------------------------------------------------------------ render
