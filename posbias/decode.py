@@ -104,12 +104,12 @@ def decode(examples: list[QAExample], features: QAFeatures, cands: WindowCandida
     flat = np.concatenate(features.offsets)
     c0, c1 = flat[base[win] + st, 0], flat[base[win] + en, 1]
     contexts = [e.context for e in examples]
-    text = [contexts[e][a:b] for e, a, b in zip(ex.tolist(), c0.tolist(), c1.tolist())]
+    # Each question's best span: the first of its group (spans are sorted best first).
     best_score = np.full(len(examples), -np.inf)
+    best_score[ex[group]] = sc[group]
     best_text = [""] * len(examples)
-    ex_list, sc_list = ex.tolist(), sc.tolist()
-    for g in group.tolist():  # spans are sorted: the first of each group is its question's best
-        best_score[ex_list[g]], best_text[ex_list[g]] = sc_list[g], text[g]
+    for e, a, b in zip(ex[group].tolist(), c0[group].tolist(), c1[group].tolist()):
+        best_text[e] = contexts[e][a:b]
 
     null = None
     if version == 2:
@@ -120,18 +120,17 @@ def decode(examples: list[QAExample], features: QAFeatures, cands: WindowCandida
         none = np.full(len(has), -1)
         ex, win, sc = np.r_[ex, has], np.r_[win, none], np.r_[sc, null[has]]
         st, en, c0, c1 = np.r_[st, none], np.r_[en, none], np.r_[c0, none], np.r_[c1, none]
-        text = text + [""] * len(has)
         kept, group = _top_per_group(ex, sc, n_best)
         ex, win, sc, st, en, c0, c1 = ex[kept], win[kept], sc[kept], st[kept], en[kept], c0[kept], c1[kept]
-        text = [text[i] for i in kept.tolist()]
 
     # Softmax over each question's list (its first score is its maximum).
     sizes = np.diff(np.r_[group, len(ex)])
     z = np.exp(sc - np.repeat(sc[group], sizes))
     prob = z / np.repeat(np.add.reduceat(z, group), sizes) if len(z) else z
-    rows = [{"text": t, "probability": p, "score": s, "start_char": a, "end_char": b, "window": w,
-             "token_start": i, "token_end": j}
-            for t, p, s, a, b, w, i, j in zip(text, prob.tolist(), sc.tolist(), c0.tolist(), c1.tolist(),
+    # One pass builds the n-best entries and cuts their texts (the null answer, start -1, is "").
+    rows = [{"text": contexts[e][a:b] if i >= 0 else "", "probability": p, "score": s, "start_char": a,
+             "end_char": b, "window": w, "token_start": i, "token_end": j}
+            for e, p, s, a, b, w, i, j in zip(ex.tolist(), prob.tolist(), sc.tolist(), c0.tolist(), c1.tolist(),
                                                win.tolist(), st.tolist(), en.tolist())]
     lists = {int(ex[g]): rows[g:g + m] for g, m in zip(group.tolist(), sizes.tolist())}
 
