@@ -271,3 +271,11 @@ def test_force_redoes_only_the_changed_runs(tmp_path):
     assert json.loads(runs["all_token_softmax/seed1"]["config_json"])["train"]["lr"] == 0.002
     log = (tmp_path / "exp" / "runs" / "all_token_softmax" / "seed1" / "train_log.jsonl").read_text()
     assert [json.loads(x)["step"] for x in log.splitlines()] == [1, 2, 3, 4, 5, 6]  # redone from scratch
+
+
+def test_loss_smoothing_keeps_the_ends():
+    """The learning-curve smoothing must not pull the first and last points towards 0."""
+    from posbias.analysis.report import moving_average
+
+    np.testing.assert_allclose(moving_average(np.full(40, 4.0), 3), 4.0)
+    np.testing.assert_allclose(moving_average(np.arange(6.0), 3), [0.5, 1, 2, 3, 4, 4.5])

@@ -130,6 +130,13 @@ def plot_comparison(rows: list[dict], methods: list[str], path: Path, metric: st
     return path
 
 
+def moving_average(x: np.ndarray, width: int) -> np.ndarray:
+    """Centred moving average; at the ends it averages the points that exist (no zero padding,
+    which would drag the first and last points towards 0)."""
+    kernel = np.ones(width)
+    return np.convolve(x, kernel, mode="same") / np.convolve(np.ones(len(x)), kernel, mode="same")
+
+
 def plot_curves(results: dict, path: Path) -> Path | None:
     """Training loss and validation F1 against the step, mean over seeds per method (band = ±1 std)."""
     runs = {r["name"]: r for r in results["runs"]}
@@ -151,10 +158,10 @@ def plot_curves(results: dict, path: Path) -> Path | None:
                 continue
             steps = sorted(pts)
             mean = np.array([np.mean(pts[s]) for s in steps])
-            std = np.array([np.std(pts[s]) for s in steps])
+            # Sample std over seeds, as in the tables (0 for a single seed).
+            std = np.array([np.std(pts[s], ddof=1) if len(pts[s]) > 1 else 0.0 for s in steps])
             if kind == "loss" and len(steps) > 20:  # smooth the noisy per-step loss for readability
-                w = max(1, len(steps) // 20)
-                mean = np.convolve(mean, np.ones(w) / w, mode="same")
+                mean = moving_average(mean, max(1, len(steps) // 20))
             ax.plot(steps, mean, marker="o" if kind == "val_f1" else None, label=m)
             ax.fill_between(steps, mean - std, mean + std, alpha=0.15)
         ax.set_xlabel("optimizer step")
