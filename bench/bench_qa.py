@@ -40,7 +40,7 @@ from posbias.data.collate import batch_order, collate  # noqa: E402
 from posbias.data.squad import read_squad, read_squad_many  # noqa: E402
 from posbias.decode import WindowCandidates, batch_candidates, decode  # noqa: E402
 from posbias.heads.independent import IndependentHead  # noqa: E402
-from posbias.inference import eval_features, evaluate_dataset, move  # noqa: E402
+from posbias.inference import eval_features, evaluate_dataset  # noqa: E402
 from posbias.model import QAModel, load_tokenizer  # noqa: E402
 from posbias.utils import versions  # noqa: E402
 

@@ -13,7 +13,7 @@ import yaml
 from safetensors.torch import load_file
 
 import posbias
-from posbias.cli import SUBCOMMANDS, main
+from posbias.cli import SUBCOMMANDS
 from posbias.config import build_config
 from posbias.registry import PERTURBATIONS
 

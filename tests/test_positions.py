@@ -2,7 +2,6 @@
 import json
 
 import numpy as np
-import pytest
 import torch
 
 import posbias
@@ -11,7 +10,6 @@ from posbias.analysis.positions import (PositionUpdateCounter, first_x_labels, g
 from posbias.config import build_config
 from posbias.data.collate import collate
 from posbias.data.features import build_qa_features
-from posbias.data.squad import read_qa
 
 from conftest import DEMO_DEV, tiny_config, tiny_model
 

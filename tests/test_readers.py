@@ -230,7 +230,7 @@ def test_mrqa_line_that_is_not_json(tmp_path):
     lines[1] = lines[1][:-30]  # line 2 (the first context) cut short
     path = tmp_path / "cut.jsonl"
     path.write_text("\n".join(lines), encoding="utf-8")
-    expected = prefix(path) + rf"record 'line 2': not valid JSON: .* at column \d+$"
+    expected = prefix(path) + r"record 'line 2': not valid JSON: .* at column \d+$"
     with pytest.raises(DataError, match=expected):
         read_mrqa(path)
     ds = read_mrqa(path, on_bad_record="skip")
@@ -245,7 +245,7 @@ def test_mrqa_question_without_detected_answers(tmp_path):
     lines[1] = json.dumps(context)
     path = tmp_path / "none.jsonl"
     path.write_text("\n".join(lines), encoding="utf-8")
-    expected = prefix(path) + rf"record 'q2': line 2: no detected answer span$"
+    expected = prefix(path) + r"record 'q2': line 2: no detected answer span$"
     with pytest.raises(DataError, match=expected):
         read_mrqa(path)
     ds = read_mrqa(path, on_bad_record="skip")
@@ -260,7 +260,7 @@ def test_mrqa_span_outside_context(tmp_path):
     lines[2] = json.dumps(context)
     path = tmp_path / "out.jsonl"
     path.write_text("\n".join(lines), encoding="utf-8")
-    expected = prefix(path) + rf"record 'q3': line 3: char span \[80, 500\] is outside"
+    expected = prefix(path) + r"record 'q3': line 3: char span \[80, 500\] is outside"
     with pytest.raises(DataError, match=expected):
         read_mrqa(path)
     assert [e.id for e in read_mrqa(path, on_bad_record="skip").examples] == ["q1", "q2"]
