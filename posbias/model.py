@@ -47,6 +47,19 @@ def quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
+def _from_pretrained(auto_cls, path: str, key: str, **kwargs):
+    """`auto_cls.from_pretrained` from a local folder, quietly; weights the folder lacks (other than a
+    pooler posbias never uses) are named in one warning instead of transformers' report table."""
+    with warnings.catch_warnings(), quiet_transformers():
+        warnings.simplefilter("ignore")
+        model, info = auto_cls.from_pretrained(path, local_files_only=True, output_loading_info=True, **kwargs)
+    missing = sorted(k for k in info.get("missing_keys", ()) if "pooler" not in k)
+    if missing:  # not (all of) a trained model: say so, once
+        warnings.warn(f"{key}: {len(missing)} weight(s) are not in {path} and start random: "
+                      f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", stacklevel=3)
+    return model
+
+
 def _local_dir(path: str, key: str) -> str:
     if not Path(path).is_dir():
         raise ConfigError(f"{key}: {path!r} is not a local folder (posbias never downloads models; "
@@ -119,19 +132,12 @@ def build_model(mcfg: ModelConfig, tokenizer, null_answer: bool) -> QAModel:
     if mcfg.name_or_path:
         path = _local_dir(resolve_path(mcfg.name_or_path), "model.name_or_path")
         try:
-            with warnings.catch_warnings(), quiet_transformers():
-                warnings.simplefilter("ignore")
-                try:
-                    encoder, info = AutoModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False,
-                                                              output_loading_info=True)
-                except TypeError:  # an encoder class without a pooler option
-                    encoder, info = AutoModel.from_pretrained(path, local_files_only=True, output_loading_info=True)
+            try:
+                encoder = _from_pretrained(AutoModel, path, "model.name_or_path", add_pooling_layer=False)
+            except TypeError:  # an encoder class without a pooler option
+                encoder = _from_pretrained(AutoModel, path, "model.name_or_path")
         except (OSError, ValueError) as e:
             raise ConfigError(f"model.name_or_path: cannot load an encoder from {path}: {e}") from None
-        missing = sorted(k for k in info.get("missing_keys", ()) if "pooler" not in k)
-        if missing:  # the checkpoint is not (all of) a pretrained encoder: say so, once
-            warnings.warn(f"model.name_or_path: {len(missing)} encoder weight(s) are not in {path} and start "
-                          f"random: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", stacklevel=2)
     else:
         spec = dict(mcfg.encoder)
         spec.setdefault("vocab_size", len(tokenizer))
@@ -221,9 +227,7 @@ def _load_hf_qa(path: str):
     if not any(a.endswith("ForQuestionAnswering") for a in archs):
         raise ConfigError(f"{path}: config.json architectures {archs} has no *ForQuestionAnswering model; "
                           "to train from a bare encoder use `posbias train qa` with model.name_or_path")
-    with warnings.catch_warnings(), quiet_transformers():
-        warnings.simplefilter("ignore")
-        hf = AutoModelForQuestionAnswering.from_pretrained(path, local_files_only=True)
+    hf = _from_pretrained(AutoModelForQuestionAnswering, path, "checkpoint")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if not hasattr(hf, "qa_outputs"):
         raise ConfigError(f"{path}: {type(hf).__name__} has no qa_outputs layer (only start/end-vector "

@@ -196,6 +196,22 @@ def test_export_to_hugging_face_qa_model(trained, tmp_path):
     assert {k: v["answer"] for k, v in a.items()} == {k: v["answer"] for k, v in b.items()}
 
 
+def test_hf_qa_folder_without_its_head_weights_warns(trained, tmp_path):
+    """A Hugging Face QA folder whose qa_outputs weights are missing would be scored with a random
+    head: loading it says so instead of evaluating silently."""
+    from safetensors.torch import save_file
+
+    from posbias.model import load_checkpoint
+
+    run, _ = trained
+    out = posbias.export(run / "best", tmp_path / "hf")
+    weights = out / "model.safetensors"
+    state = {k: v for k, v in load_file(str(weights)).items() if not k.startswith("qa_outputs")}
+    save_file(state, str(weights), metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match=r"checkpoint: 2 weight\(s\) .*qa_outputs"):
+        load_checkpoint(out)
+
+
 @pytest.mark.slow
 def test_two_process_training_with_torchrun(tmp_path):
     """Two CPU processes (gloo) through torchrun: both ranks train, rank 0 writes the outputs."""

@@ -128,5 +128,5 @@ def test_pretrained_encoder_loads_quietly_and_names_missing_weights(tokenizer, t
     state = load_file(str(weights))
     del state["encoder.layer.1.output.dense.weight"]
     save_file(state, str(weights), metadata={"format": "pt"})
-    with pytest.warns(UserWarning, match=r"1 encoder weight\(s\) .*encoder\.layer\.1\.output\.dense\.weight"):
+    with pytest.warns(UserWarning, match=r"1 weight\(s\) .*encoder\.layer\.1\.output\.dense\.weight"):
         build_model(mcfg, tokenizer, null_answer=False)
