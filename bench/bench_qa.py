@@ -170,7 +170,7 @@ def raw_encoder(cfg, run_dir: Path, n_batches: int) -> dict:
         rates.append((int(b["attention_mask"].sum()), len(idx), time.perf_counter() - t0))
         enc.zero_grad(set_to_none=True)
     # The same batches in posbias's own training log (its first n_batches steps).
-    log = [json.loads(x) for x in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    log = [json.loads(x) for x in (run_dir / "train_log.jsonl").read_text(encoding="utf-8").splitlines()]
     return {"batches": len(batches), "real_tokens_per_s": statistics.median(t / s for t, _, s in rates),
             "examples_per_s": statistics.median(n / s for _, n, s in rates),
             "posbias_loop_tokens_per_s_same_batches": statistics.median(
@@ -299,8 +299,8 @@ def main():
 
     print("== posbias training", flush=True)
     summary = posbias.train(cfg, overwrite=True)
-    log = [json.loads(x) for x in (out / "posbias" / "train_log.jsonl").read_text().splitlines()]
-    info = json.loads((out / "posbias" / "run_info.json").read_text())
+    log = [json.loads(x) for x in (out / "posbias" / "train_log.jsonl").read_text(encoding="utf-8").splitlines()]
+    info = json.loads((out / "posbias" / "run_info.json").read_text(encoding="utf-8"))
     steps = [r for r in log if r["step"] > 1]  # the first step pays one-off allocation costs
     result["posbias"] = {
         "windows": info["train_features"]["windows"], "steps": summary["steps"],

@@ -127,7 +127,7 @@ def run(args) -> int:
             _print({k: v["answer"] for k, v in res.items()})
     elif args.command == "diagnose":
         res = api.diagnose(args.model, args.data, args.output_dir, xs=args.x, overrides=args.overrides)
-        print((Path(args.output_dir) / "diagnosis.md").read_text(), end="")
+        print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"), end="")
         print(f"wrote {args.output_dir}/diagnosis.md, diagnosis.json and {len(res['plots'])} plot(s)")
     elif args.command == "score":
         _print(api.score(args.data, args.predictions, args.na_probs, args.version))
@@ -153,7 +153,7 @@ def run(args) -> int:
                               split=args.split, by_article=args.by_article, seed=args.seed,
                               keep_unanswerable=args.keep_unanswerable, exclude_ambiguous=args.exclude_ambiguous,
                               name=args.name, sample=args.sample)
-        print((Path(args.out) / "stats.md").read_text(), end="")
+        print((Path(args.out) / "stats.md").read_text(encoding="utf-8"), end="")
         print(f"wrote {', '.join(f'{k}.json' for k in stats['splits'])} to {args.out}")
     elif args.command == "demo":
         summary = api.demo(args.output_dir, args.overrides)

@@ -299,7 +299,7 @@ def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launche
         if r.returncode != 0:
             raise RunError(f"run {run.name}: `{' '.join(cmd)}` exited with {r.returncode}; "
                            "run the experiment again to resume it")
-        summary = json.loads((run.output_dir / "run_info.json").read_text())["summary"]
+        summary = json.loads((run.output_dir / "run_info.json").read_text(encoding="utf-8"))["summary"]
     else:
         summary = train(run.config, resume="auto" if resumable else None, overwrite=not resumable,
                         progress=progress)
@@ -332,7 +332,7 @@ def collect_results(exp: Experiment, run: Run) -> dict:
     from .inference import read_dataset
 
     out = run.output_dir
-    info = json.loads((out / "run_info.json").read_text())
+    info = json.loads((out / "run_info.json").read_text(encoding="utf-8"))
     version = "2.0" if info.get("data_version") == 2 else "1.1"
     sets = {}
     if run.config.data.eval_file:
@@ -348,8 +348,8 @@ def collect_results(exp: Experiment, run: Run) -> dict:
         ds = read_dataset(path, run.config.data.on_bad_record)
         if name == "val" and run.config.data.max_eval_examples:
             ds.examples = ds.examples[: run.config.data.max_eval_examples]
-        preds = json.loads((folder / "predictions.json").read_text())
-        metrics[name] = json.loads((folder / "metrics.json").read_text())
+        preds = json.loads((folder / "predictions.json").read_text(encoding="utf-8"))
+        metrics[name] = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
         # The predictions already apply decode.null_threshold (v2): score them as they are.
         scores = M.per_question(ds.gold(), preds, version=version)
         questions[name] = scores
@@ -361,11 +361,11 @@ def collect_results(exp: Experiment, run: Run) -> dict:
                 f1 = sum(scores[q][1] for q in qids) / max(len(qids), 1) * 100
                 segments.append((name, seg_name, str(label), len(qids), em, f1))
     curves = []
-    for line in (out / "train_log.jsonl").read_text().splitlines():
+    for line in (out / "train_log.jsonl").read_text(encoding="utf-8").splitlines():
         r = json.loads(line)
         curves.append(("loss", r["step"], r["loss"]))
     if (out / "eval_log.jsonl").is_file():
-        for line in (out / "eval_log.jsonl").read_text().splitlines():
+        for line in (out / "eval_log.jsonl").read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
             curves.append(("val_f1", r["step"], r["f1"]))
     return {"metrics": metrics, "questions": questions, "segments": segments, "curves": curves}
@@ -568,7 +568,7 @@ def improvement_rows(results: dict) -> list[dict]:
     def predictions(run, eval_set):
         folder = Path(run["output_dir"]) / ("eval" if eval_set == "val" else f"evals/{eval_set}")
         path = folder / "predictions.json"
-        return json.loads(path.read_text()) if path.is_file() else None
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
     def gold(run, eval_set):
         cfg = json.loads(run["config_json"])

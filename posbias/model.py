@@ -205,7 +205,7 @@ def load_checkpoint(path, map_location="cpu") -> tuple[QAModel, object, RunConfi
     if not is_posbias_checkpoint(path):
         return _load_hf_qa(path)
     cfg = load_config(Path(path) / CHECKPOINT_CONFIG)
-    meta = json.loads((Path(path) / "posbias_model.json").read_text())
+    meta = json.loads((Path(path) / "posbias_model.json").read_text(encoding="utf-8"))
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     encoder = _encoder_from_config(AutoConfig.from_pretrained(path, local_files_only=True))
     head = make_head(meta["head"], encoder.config.hidden_size, meta["null_answer"], cfg.model.head_options)

@@ -182,7 +182,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
-        state.update(json.loads((Path(resume) / "trainer_state.json").read_text()))
+        state.update(json.loads((Path(resume) / "trainer_state.json").read_text(encoding="utf-8")))
         if state.get("position_updates"):
             updates.counts[:] = state["position_updates"]["counts"]
             updates.steps = state["position_updates"]["steps"]
@@ -311,7 +311,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
                "best_f1": state["best_metric"], "train_seconds": round(state["train_seconds"], 2),
                "wall_seconds": round(time.time() - started, 2)}
     if eval_ds is not None and (out / "eval" / "metrics.json").is_file():
-        summary["eval"] = json.loads((out / "eval" / "metrics.json").read_text())
+        summary["eval"] = json.loads((out / "eval" / "metrics.json").read_text(encoding="utf-8"))
     if main:
         atomic_write_json(out / "position_updates.json", updates.to_dict(), indent=None)
         run_info.update(status="finished", finished=now_iso(), summary=summary)

@@ -60,3 +60,25 @@ def tiny_model(tokenizer, null_answer=False, head="independent", seed=0):
     torch.manual_seed(seed)
     cfg = build_config(tiny_config(model={"head": head}))
     return build_model(cfg.model, tokenizer, null_answer=null_answer)
+
+
+def relative_error(actual, expected) -> float:
+    """max |actual - expected| / max |expected|: an error measured against the tensor's own scale.
+
+    Portable numerics (STYLE.md): float32 kernels differ between CPUs (Intel vs AMD, thread counts)
+    in the last bits, so a fixed absolute tolerance is too tight for values of size 1e3 and too
+    loose for values of size 1e-6. Scaling by the tensor's magnitude states the claim either way.
+    """
+    actual = torch.as_tensor(actual).double()
+    expected = torch.as_tensor(expected).double()
+    if actual.shape != expected.shape:
+        raise AssertionError(f"shapes differ: {tuple(actual.shape)} vs {tuple(expected.shape)}")
+    scale = expected.abs().max().item() if expected.numel() else 0.0
+    err = (actual - expected).abs().max().item() if expected.numel() else 0.0
+    return err / scale if scale > 0 else err
+
+
+def assert_close_to_scale(actual, expected, rel: float, msg: str = "") -> None:
+    """Assert max |actual - expected| <= rel * max |expected| (see `relative_error`)."""
+    err = relative_error(actual, expected)
+    assert err <= rel, f"{msg}: relative error {err:.3g} > {rel:g}"

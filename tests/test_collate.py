@@ -7,7 +7,7 @@ from posbias.config import build_config
 from posbias.data.collate import batch_order, collate
 from posbias.data.features import build_qa_features
 
-from conftest import tiny_config
+from conftest import relative_error, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_same_seed_same_batches_for_every_method(tmp_path):
     b = build_config(tiny_config(tmp_path / "b", data={"eval_file": None}, train={"max_steps": 2, "lr": 0.1}))
     posbias.train(a, progress=False)
     posbias.train(b, progress=False)
-    read = lambda p: (p / "run" / "data_order" / "epoch-0.json").read_text()  # noqa: E731
+    read = lambda p: (p / "run" / "data_order" / "epoch-0.json").read_text(encoding="utf-8")  # noqa: E731
     assert read(tmp_path / "a") == read(tmp_path / "b")
 
 
@@ -85,6 +85,9 @@ def test_gradient_accumulation_equals_a_bigger_batch(tmp_path, monkeypatch, toke
         w0 = build_model(cfg.model, tokenizer, null_answer=False).state_dict()
         w1 = load_file(str(tmp_path / name / "run" / "best" / "model.safetensors"))
         deltas[name] = torch.cat([(w1[k] - w0[k]).flatten() for k in w0])
-    torch.testing.assert_close(deltas["acc"], deltas["big"], rtol=1e-3, atol=1e-6)
+    # float32 training: the two sums of gradients round differently (and differently on each CPU),
+    # so the error is measured against the update's own scale.
+    acc_err, half_err = relative_error(deltas["acc"], deltas["big"]), relative_error(deltas["half"], deltas["big"])
+    assert acc_err < 1e-4, acc_err
     # ... while half the batch alone is a different step (the comparison can fail).
-    assert (deltas["half"] - deltas["big"]).abs().max() > 100 * (deltas["acc"] - deltas["big"]).abs().max()
+    assert half_err > 1e-2, half_err

@@ -24,7 +24,7 @@ BIN = Path(sys.executable).parent
 
 
 def smoke_spec(tmp_path, **changes):
-    spec = yaml.safe_load(SMOKE.read_text())
+    spec = yaml.safe_load(SMOKE.read_text(encoding="utf-8"))
     spec.update(changes)
     spec["output_dir"] = str(tmp_path / "exp")
     return spec
@@ -33,7 +33,7 @@ def smoke_spec(tmp_path, **changes):
 @pytest.mark.parametrize("path", sorted((PRESETS / "experiments").glob("*.yaml")), ids=lambda p: p.stem)
 def test_bundled_experiments_expand(path):
     exp = load_experiment(path)
-    assert len(exp.runs) == len(exp.methods) * len(yaml.safe_load(path.read_text())["seeds"]) >= 4
+    assert len(exp.runs) == len(exp.methods) * len(yaml.safe_load(path.read_text(encoding="utf-8"))["seeds"]) >= 4
 
 
 def test_grid_expansion(tmp_path):
@@ -86,7 +86,7 @@ def test_smoke_experiment_records_every_run(smoke):
 
 def test_same_seed_same_data_order_across_methods(smoke):
     exp_dir = smoke[0]
-    order = lambda m, s: json.loads((exp_dir / "runs" / m / f"seed{s}" / "data_order" / "epoch-0.json").read_text())["batches"]  # noqa: E731
+    order = lambda m, s: json.loads((exp_dir / "runs" / m / f"seed{s}" / "data_order" / "epoch-0.json").read_text(encoding="utf-8"))["batches"]  # noqa: E731
     assert order("context_softmax", 1) == order("all_token_softmax", 1)
     assert order("context_softmax", 2) == order("all_token_softmax", 2)
     assert order("context_softmax", 1) != order("context_softmax", 2)
@@ -110,8 +110,8 @@ def test_changed_config_is_refused_unless_forced(smoke):
 def test_report_files(smoke):
     exp_dir = smoke[0]
     res = posbias.experiment_report(exp_dir, bootstrap_samples=500)
-    md = (exp_dir / "report.md").read_text()
-    page = (exp_dir / "report.html").read_text()
+    md = (exp_dir / "report.md").read_text(encoding="utf-8")
+    page = (exp_dir / "report.html").read_text(encoding="utf-8")
     assert "all_token_softmax" in md and "± " in md and "t-test p" in md
     pngs = sorted((exp_dir / "plots").glob("*.png"))
     assert {p.name for p in pngs} >= {"comparison_f1.png", "comparison_em.png", "learning_curves.png"}
@@ -148,7 +148,7 @@ def test_interrupted_experiment_resumes_to_the_same_result(tmp_path):
     state = tmp_path / "exp" / "runs" / "all_token_softmax" / "seed1" / "checkpoints" / "last" / "trainer_state.json"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:  # the second run is half-way through
-        if state.is_file() and json.loads(state.read_text())["global_step"] >= 12:
+        if state.is_file() and json.loads(state.read_text(encoding="utf-8"))["global_step"] >= 12:
             break
         time.sleep(0.1)
     assert proc.poll() is None, "the experiment ended before it could be interrupted"
@@ -255,7 +255,7 @@ def test_segments_flow_into_store_and_report(tmp_path):
     assert method_rows["late"]["bootstrap"]["diff"] == pytest.approx(expected["diff"])
     assert method_rows["late"]["bootstrap"]["p"] == pytest.approx(expected["p"])
     posbias.experiment_report(tmp_path / "exp", bootstrap_samples=200)
-    md = (tmp_path / "exp" / "report.md").read_text()
+    md = (tmp_path / "exp" / "report.md").read_text(encoding="utf-8")
     assert "## Segments" in md and "_test_context_half" in md and "_test_gold_half" in md
     assert list((tmp_path / "exp" / "plots").glob("segments_*.png"))
 
@@ -269,7 +269,7 @@ def test_force_redoes_only_the_changed_runs(tmp_path):
     assert res["ran"] == ["all_token_softmax/seed1"] and res["skipped_finished"] == ["context_softmax/seed1"]
     runs = {r["name"]: r for r in load_results(tmp_path / "exp")["runs"]}
     assert json.loads(runs["all_token_softmax/seed1"]["config_json"])["train"]["lr"] == 0.002
-    log = (tmp_path / "exp" / "runs" / "all_token_softmax" / "seed1" / "train_log.jsonl").read_text()
+    log = (tmp_path / "exp" / "runs" / "all_token_softmax" / "seed1" / "train_log.jsonl").read_text(encoding="utf-8")
     assert [json.loads(x)["step"] for x in log.splitlines()] == [1, 2, 3, 4, 5, 6]  # redone from scratch
 
 

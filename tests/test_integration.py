@@ -62,4 +62,4 @@ def test_demo_command_runs_end_to_end(tmp_path):
     assert "F1" in r.stdout and str(out) in r.stdout
     for f in ("best/model.safetensors", "eval/predictions.json", "eval/metrics.json", "run_info.json"):
         assert (out / f).is_file(), f
-    assert json.loads((out / "eval" / "metrics.json").read_text())["total"] == 16
+    assert json.loads((out / "eval" / "metrics.json").read_text(encoding="utf-8"))["total"] == 16

@@ -83,8 +83,8 @@ def test_training_writes_position_updates(tmp_path):
     posbias.train(cfg, progress=False)
     base = build_config(tiny_config(tmp_path / "b", data={"eval_file": None}, train={"max_steps": 4}))
     posbias.train(base, progress=False)
-    rp = json.loads((tmp_path / "run" / "position_updates.json").read_text())
-    bl = json.loads((tmp_path / "b" / "run" / "position_updates.json").read_text())
+    rp = json.loads((tmp_path / "run" / "position_updates.json").read_text(encoding="utf-8"))
+    bl = json.loads((tmp_path / "b" / "run" / "position_updates.json").read_text(encoding="utf-8"))
     assert rp["steps"] == bl["steps"] == 4
     assert rp["counts"][0] == bl["counts"][0] == 4  # [CLS] at position 0 every step
     # Random Padding moves updates to the rear of the window (max_seq_len 128), never past it.

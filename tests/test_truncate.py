@@ -72,7 +72,7 @@ def test_cli_build_writes_readable_squad_and_stats(tmp_path):
     val, test = read_qa(out / "val.json"), read_qa(out / "test.json")  # offsets re-validated on read
     assert abs(len(val.examples) - len(test.examples)) <= 1
     assert not val.has_impossible  # unanswerable instances are dropped from evaluation sets
-    stats = json.loads((out / "stats.json").read_text())
+    stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
     assert stats["splits"]["val"]["instances"] == len(val.examples)
 
 

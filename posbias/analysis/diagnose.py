@@ -77,8 +77,8 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
     ds = read_dataset(data, cfg.data.on_bad_record)
     if cfg.data.max_eval_examples:
         ds.examples = ds.examples[: cfg.data.max_eval_examples]
-    preds = json.loads((out / "eval" / "predictions.json").read_text())
-    nbest = json.loads((out / "eval" / "nbest.json").read_text())
+    preds = json.loads((out / "eval" / "predictions.json").read_text(encoding="utf-8"))
+    nbest = json.loads((out / "eval" / "nbest.json").read_text(encoding="utf-8"))
     version = "2.0" if ds.has_impossible else "1.1"
     scores = M.per_question(ds.gold(), preds, version=version)
     d = cfg.data
@@ -95,7 +95,7 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
     plots = [plot_position_curve(mentions, scores, d.max_seq_len, out / "f1_by_position.png")]
     run_dir = Path(model).parent
     if (run_dir / "position_updates.json").is_file():
-        plots.append(plot_position_updates(json.loads((run_dir / "position_updates.json").read_text()),
+        plots.append(plot_position_updates(json.loads((run_dir / "position_updates.json").read_text(encoding="utf-8")),
                                            out / "position_updates.png"))
     md = [f"# Position diagnosis of `{model}` on `{ds.path}`", "",
           f"{result['total']} questions, {result['windows']} windows (max_seq_len {d.max_seq_len}, doc_stride "

@@ -84,8 +84,8 @@ def gold_position_quartile(examples, eval_dir, checkpoint, **options):
 def pred_position_quartile(examples, eval_dir, checkpoint, **options):
     """Quarter of the input window where the predicted answer starts (the paper's Table 1 split)."""
     _, cfg = _checkpoint_setup(checkpoint)
-    nbest = json.loads((Path(eval_dir) / "nbest.json").read_text())
-    preds = json.loads((Path(eval_dir) / "predictions.json").read_text())
+    nbest = json.loads((Path(eval_dir) / "nbest.json").read_text(encoding="utf-8"))
+    preds = json.loads((Path(eval_dir) / "predictions.json").read_text(encoding="utf-8"))
     return quartile_labels(predicted_start_positions(nbest, preds), cfg.data.max_seq_len)
 
 

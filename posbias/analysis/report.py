@@ -237,7 +237,7 @@ def plot_updates(results: dict, path: Path) -> Path | None:
     for r in results["runs"]:
         f = Path(r["output_dir"]) / "position_updates.json"
         if r["status"] == "finished" and f.is_file():
-            by_method.setdefault(r["method"], []).append(PositionUpdateCounter.fractions(json.loads(f.read_text())))
+            by_method.setdefault(r["method"], []).append(PositionUpdateCounter.fractions(json.loads(f.read_text(encoding="utf-8"))))
     if not by_method:
         return None
     curves = {m: np.mean(by_method[m], axis=0) for m in results["methods"] if m in by_method}
