@@ -35,13 +35,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import posbias  # noqa: E402
+from posbias.analysis.stats import mean_std  # noqa: E402
+from posbias.batching import batch_order  # noqa: E402
 from posbias.config import build_config, resolve_path  # noqa: E402
-from posbias.data.collate import batch_order, collate  # noqa: E402
-from posbias.data.squad import read_squad, read_squad_many  # noqa: E402
-from posbias.decode import WindowCandidates, batch_candidates, decode  # noqa: E402
-from posbias.heads.independent import IndependentHead  # noqa: E402
-from posbias.inference import eval_features, evaluate_dataset  # noqa: E402
-from posbias.model import QAModel, load_tokenizer  # noqa: E402
+from posbias.encoders import load_tokenizer  # noqa: E402
+from posbias.qa.collate import collate  # noqa: E402
+from posbias.qa.decode import WindowCandidates, batch_candidates, decode  # noqa: E402
+from posbias.qa.evaluate import eval_features, evaluate_dataset  # noqa: E402
+from posbias.qa.heads.independent import IndependentHead  # noqa: E402
+from posbias.qa.model import QAModel  # noqa: E402
+from posbias.qa.squad import read_squad, read_squad_many  # noqa: E402
 from posbias.utils import versions  # noqa: E402
 
 SEED = 42
@@ -69,7 +72,7 @@ def write_slices(shared: Path, n_train: int, n_dev: int, out: Path) -> tuple[Pat
 
 
 # ---------------------------------------------------------------- HF default recipe
-def hf_recipe(cfg, train_path, dev_path, out: Path) -> dict:
+def hf_recipe(cfg, train_path, dev_path, out: Path, seed: int = SEED) -> dict:
     """run_qa.py's recipe: pad every window to max_seq_len, random order, HF QA loss."""
     from transformers import AutoModelForQuestionAnswering, get_linear_schedule_with_warmup
 
@@ -103,7 +106,7 @@ def hf_recipe(cfg, train_path, dev_path, out: Path) -> dict:
     types = torch.tensor(enc["token_type_ids"])
     sp, ep = torch.tensor(starts), torch.tensor(ends)
     n = len(ids)
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     model = AutoModelForQuestionAnswering.from_pretrained(resolve_path("minilm"), local_files_only=True)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -111,7 +114,7 @@ def hf_recipe(cfg, train_path, dev_path, out: Path) -> dict:
                              {"params": no_decay, "weight_decay": 0.0}], lr=t.lr)
     steps = math.ceil(n / t.batch_size) * int(t.epochs)
     sched = get_linear_schedule_with_warmup(opt, int(t.warmup_ratio * steps), steps)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(SEED))
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     model.train()
     step_times, real_tokens, seen = [], 0, 0
     for b in range(0, n, t.batch_size):
@@ -148,7 +151,7 @@ def raw_encoder(cfg, run_dir: Path, n_batches: int) -> dict:
     """Bare encoder forward+backward on the first batches posbias trained on (same tokens, padding)."""
     from transformers import AutoModel
 
-    from posbias.data.features import build_qa_features
+    from posbias.qa.features import build_qa_features
     from posbias.registry import LABEL_POLICIES
 
     tok = load_tokenizer(cfg.model)
@@ -212,7 +215,7 @@ def classic_loop(examples, feats, start, end, n_best, max_answer_len):
 
 
 def decoding(cfg, best_dir: Path, dev_path: Path, repeats: int) -> dict:
-    from posbias.model import load_checkpoint
+    from posbias.checkpoint import load_checkpoint
 
     model, tok, mcfg = load_checkpoint(best_dir)
     model.eval()
@@ -259,6 +262,33 @@ def decoding(cfg, best_dir: Path, dev_path: Path, repeats: int) -> dict:
             "identical_predictions": same, "differing_predictions": len(pv) - same}
 
 
+def posbias_run(cfg, run_dir: Path) -> dict:
+    summary = posbias.train(cfg, overwrite=True)
+    log = [json.loads(x) for x in (run_dir / "train_log.jsonl").read_text(encoding="utf-8").splitlines()]
+    info = json.loads((run_dir / "run_info.json").read_text(encoding="utf-8"))
+    steps = [r for r in log if r["step"] > 1]  # the first step pays one-off allocation costs
+    return {
+        "windows": info["train_features"]["windows"], "steps": summary["steps"],
+        "train_seconds": summary["train_seconds"],
+        "examples_per_s": info["train_features"]["windows"] / summary["train_seconds"],
+        # every window once (1 epoch): the same aggregate definition as for the HF recipe
+        "real_tokens_per_s": info["train_features"]["mean_window_tokens"] * info["train_features"]["windows"]
+        / summary["train_seconds"],
+        "median_step_tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps),
+        "padding_fraction": statistics.median(r["padding_fraction"] for r in steps),
+        "exact_match": summary["eval"]["exact_match"], "f1": summary["eval"]["f1"]}
+
+
+def summarise(by_seed: dict) -> dict:
+    """Medians of the timings and mean ± sample std of EM/F1 over seeds."""
+    runs = list(by_seed.values())
+    out = {k: statistics.median(r[k] for r in runs) for k in ("train_seconds", "examples_per_s", "real_tokens_per_s")}
+    for k in ("exact_match", "f1"):
+        out[k], out[f"{k}_std"] = mean_std([r[k] for r in runs])
+        out[f"{k}_by_seed"] = [r[k] for r in runs]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--train", type=int, default=2000)
@@ -267,13 +297,17 @@ def main():
     ap.add_argument("--raw-batches", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, to check the script runs")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[SEED],
+                    help="training seeds, each run on both sides (the data slices stay those of seed 42)")
+    ap.add_argument("--skip-raw", action="store_true", help="skip the raw-encoder and decoding parts")
     ap.add_argument("--decode-only", metavar="CHECKPOINT", default=None,
                     help="only the decoding comparison, on the logits of this trained QA checkpoint")
     ap.add_argument("--repeats", type=int, default=3, help="timed repetitions of each decoder (median)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
     args = ap.parse_args()
     if args.quick:
         args.train, args.dev, args.raw_batches = 64, 32, 3
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = ROOT / "bench" / "out" / "qa" / stamp
     out.mkdir(parents=True, exist_ok=True)
@@ -287,51 +321,53 @@ def main():
         (out / "result.json").write_text(json.dumps(result, indent=1))
         print(f"\nwrote {out / 'result.json'}")
         return
-    cfg = build_config({
-        "model": {"name_or_path": "minilm"},
-        "data": {"train_file": str(train_path), "eval_file": str(dev_path), "max_seq_len": 384, "doc_stride": 128},
-        "train": {"output_dir": str(out / "posbias"), "seed": SEED, "epochs": 1, "batch_size": 16, "lr": 2e-4,
-                  "warmup_ratio": 0.1, "log_every": 1},
-    })
+
+    def config(seed: int):
+        return build_config({
+            "model": {"name_or_path": "minilm"},
+            "data": {"train_file": str(train_path), "eval_file": str(dev_path), "max_seq_len": 384,
+                     "doc_stride": 128},
+            "train": {"output_dir": str(out / f"posbias-seed{seed}"), "seed": seed, "epochs": 1, "batch_size": 16,
+                      "lr": 2e-4, "warmup_ratio": 0.1, "log_every": 1},
+        })
+
+    cfg = config(args.seeds[0])
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
-              "torch_threads": torch.get_num_threads(), "versions": versions(),
-              "train_questions": args.train, "dev_questions": args.dev, "config": cfg.to_dict()}
-
-    print("== posbias training", flush=True)
-    summary = posbias.train(cfg, overwrite=True)
-    log = [json.loads(x) for x in (out / "posbias" / "train_log.jsonl").read_text(encoding="utf-8").splitlines()]
-    info = json.loads((out / "posbias" / "run_info.json").read_text(encoding="utf-8"))
-    steps = [r for r in log if r["step"] > 1]  # the first step pays one-off allocation costs
-    result["posbias"] = {
-        "windows": info["train_features"]["windows"], "steps": summary["steps"],
-        "train_seconds": summary["train_seconds"],
-        "examples_per_s": info["train_features"]["windows"] / summary["train_seconds"],
-        # every window once (1 epoch): the same aggregate definition as for the HF recipe
-        "real_tokens_per_s": info["train_features"]["mean_window_tokens"] * info["train_features"]["windows"]
-        / summary["train_seconds"],
-        "median_step_tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps),
-        "padding_fraction": statistics.median(r["padding_fraction"] for r in steps),
-        "exact_match": summary["eval"]["exact_match"], "f1": summary["eval"]["f1"]}
-    print(json.dumps(result["posbias"], indent=1), flush=True)
-
+              "torch_threads": torch.get_num_threads(), "versions": versions(), "seeds": args.seeds,
+              "train_questions": args.train, "dev_questions": args.dev, "config": cfg.to_dict(),
+              "posbias_by_seed": {}, "hf_default_by_seed": {}}
+    for seed in args.seeds:
+        print(f"== posbias training, seed {seed}", flush=True)
+        result["posbias_by_seed"][seed] = posbias_run(config(seed), out / f"posbias-seed{seed}")
+        print(json.dumps(result["posbias_by_seed"][seed], indent=1), flush=True)
+        if not args.skip_hf:
+            print(f"== Hugging Face default recipe (pad to 384), seed {seed}", flush=True)
+            result["hf_default_by_seed"][seed] = hf_recipe(config(seed), train_path, dev_path, out / f"hf-seed{seed}",
+                                                           seed=seed)
+            print(json.dumps(result["hf_default_by_seed"][seed], indent=1), flush=True)
+    result["posbias"] = summarise(result["posbias_by_seed"])
     if not args.skip_hf:
-        print("== Hugging Face default recipe (pad to 384)", flush=True)
-        result["hf_default"] = hf_recipe(cfg, train_path, dev_path, out)
-        print(json.dumps(result["hf_default"], indent=1), flush=True)
+        result["hf_default"] = summarise(result["hf_default_by_seed"])
         p, h = result["posbias"], result["hf_default"]
         result["ratios"] = {"examples_per_s": p["examples_per_s"] / h["examples_per_s"],
                             "real_tokens_per_s": p["real_tokens_per_s"] / h["real_tokens_per_s"],
                             "train_seconds": h["train_seconds"] / p["train_seconds"],
                             "f1_diff": p["f1"] - h["f1"], "em_diff": p["exact_match"] - h["exact_match"]}
+        print(json.dumps(result["ratios"], indent=1), flush=True)
+    run_dir = out / f"posbias-seed{args.seeds[0]}"
+    if args.skip_raw:
+        (out / "result.json").write_text(json.dumps(result, indent=1))
+        print(f"\nwrote {out / 'result.json'}")
+        return
 
     print("== raw encoder", flush=True)
-    raw = raw_encoder(cfg, out / "posbias", args.raw_batches)
+    raw = raw_encoder(cfg, run_dir, args.raw_batches)
     raw["posbias_over_raw"] = raw["posbias_loop_tokens_per_s_same_batches"] / raw["real_tokens_per_s"]
     result["raw_encoder"] = raw
     print(json.dumps(raw, indent=1), flush=True)
 
     print("== decoding", flush=True)
-    result["decoding"] = decoding(cfg, out / "posbias" / "best", dev_path, repeats=args.repeats)
+    result["decoding"] = decoding(cfg, run_dir / "best", dev_path, repeats=args.repeats)
     print(json.dumps(result["decoding"], indent=1), flush=True)
     (out / "result.json").write_text(json.dumps(result, indent=1))
     print(f"\nwrote {out / 'result.json'}")

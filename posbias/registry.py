@@ -1,4 +1,4 @@
-"""Name -> factory registries: heads, label policies and perturbations plug in by name."""
+"""Name -> factory registries: tasks, heads, label policies and perturbations plug in by name."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -33,6 +33,7 @@ class Registry:
         return sorted(self._table)
 
 
+TASKS = Registry("task")
 HEADS = Registry("head")
 LABEL_POLICIES = Registry("label policy")
 PERTURBATIONS = Registry("perturbation")

@@ -2,19 +2,39 @@
 
 (The module is `training`, not `train`, so that `posbias.train()` stays the API function.)
 
-One run = read data -> windows -> seed-determined batch order -> [perturbations] -> model ->
-AdamW + linear warm-up/decay -> periodic evaluation (best checkpoint by F1) -> resumable checkpoints.
+One run = read data -> features -> seed-determined batch order -> [perturbations] -> model ->
+AdamW + linear warm-up/decay -> periodic evaluation (best checkpoint by the task's main metric) ->
+resumable checkpoints. The loop knows nothing about QA or tagging: it talks to a *task* (QA in
+`posbias.qa.task`, tagging in `posbias.tagging.task`, registered in `posbias.registry.TASKS`), any
+object with this protocol:
+
+    name: str, config_class: type, hf_suffix: str      # "qa", its RunConfig class, "ForQuestionAnswering"
+    load_tokenizer(cfg) -> tokenizer                     # a fast tokenizer, set up for the task
+    read(spec, cfg) -> dataset                           # .path, .examples (each with .id), .skipped
+    run_info(cfg, train_dataset) -> dict                 # task facts for run_info.json
+    train_features(examples, tokenizer, cfg, train_dataset) -> features
+                                                         # len(), .lengths (n,), .example_index (n,), .stats
+    build_model(cfg, tokenizer, train_dataset) -> model  # nn.Module: forward(batch, targets=None) -> dict
+                                                         # with "loss" given targets; .encoder, .position_base,
+                                                         # .position_pad, .position_ids(mask), .head_name, .meta()
+    collate(features, idx, tokenizer, with_labels) -> batch   # tensors: input_ids, attention_mask,
+                                                         # cls_index, ... (+ labels)
+    targets(batch) -> dict                               # the label tensors `model(batch, targets)` takes
+    evaluate(model, tokenizer, cfg, dataset, out_dir, accelerator, progress) -> metrics dict
+    main_metric(metrics) -> (name, value)                # what best-checkpoint selection maximises
+    load_model(path, cfg, meta) -> (model, tokenizer)    # a posbias checkpoint's skeleton
+    load_hf(path, config) -> (model, tokenizer, cfg)     # a Hugging Face *{hf_suffix} folder
 
 Output folder layout:
     config.yaml          the resolved config
     run_info.json        seed, versions, world size, data summary, status, timings
     train_log.jsonl      loss, lr, examples/s, real tokens/s every `train.log_every` steps
     eval_log.jsonl       metrics at every evaluation
-    data_order/epoch-E.json   the epoch's batches as question ids (identical across methods for a seed)
+    data_order/epoch-E.json   the epoch's batches as example ids (identical across methods for a seed)
     position_updates.json     per position id, the steps in which it got a gradient (and the step count)
     checkpoints/last/    resumable: weights + optimizer/scheduler/RNG state + trainer_state.json
-    best/                best eval F1 (or final weights without an eval file): safetensors + tokenizer
-    eval/                predictions.json, nbest.json, null_odds.json, metrics.json of best/
+    best/                best main metric (or final weights without an eval file): safetensors + tokenizer
+    eval/                the task's prediction files and metrics.json of best/
 """
 from __future__ import annotations
 
@@ -30,15 +50,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .config import RunConfig, data_version, load_config, save_config
-from .analysis.positions import PositionUpdateCounter
-from .data.collate import batch_order, collate
-from .data.features import build_qa_features
+from .analysis.updates import PositionUpdateCounter
+from .batching import batch_order, move
+from .checkpoint import save_checkpoint
+from .config import RunConfig, load_config, save_config
 from .errors import ConfigError
-from .inference import evaluate_dataset, main_metric, move, read_dataset
-from .model import build_model, load_tokenizer, save_checkpoint
 from .perturb import build_perturbations
-from .registry import LABEL_POLICIES
+from .tasks import get_task
 from .utils import atomic_write_json, atomic_write_text, now_iso, replace_dir, set_seed, versions
 
 # Keys that may change when a run is resumed (extending or re-scheduling it); anything else must
@@ -96,7 +114,7 @@ class _Schedule:
 
 
 def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, progress: bool = True) -> dict:
-    """Train a QA model as `cfg` says; returns a summary (best step, metrics, throughput).
+    """Train a model for `cfg.task` as `cfg` says; returns a summary (best step, metrics, throughput).
 
     Args:
         resume: a checkpoint folder, or "auto" for `<output_dir>/checkpoints/last` when present.
@@ -129,26 +147,22 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     set_seed(t.seed)
     started = time.time()
 
-    # ---- data -> windows
-    tokenizer = load_tokenizer(cfg.model)
-    train_ds = read_dataset(d.train_file, d.on_bad_record)
+    # ---- data -> features
+    task = get_task(cfg.task, "task")
+    tokenizer = task.load_tokenizer(cfg)
+    train_ds = task.read(d.train_file, cfg)
     examples = train_ds.examples[: d.max_train_examples] if d.max_train_examples else train_ds.examples
-    version = data_version(cfg, train_ds.has_impossible)
-    policy = LABEL_POLICIES.get(d.label_policy, "data.label_policy")
-    feats = build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
-                              max_query_len=d.max_query_len, context_first=d.context_first, train=True,
-                              version=version, label_policy=policy, unanswerable_windows=d.unanswerable_windows,
-                              seed=t.seed, source=train_ds.path)
+    feats = task.train_features(examples, tokenizer, cfg, train_ds)
     eval_ds = None
     if d.eval_file:
-        eval_ds = read_dataset(d.eval_file, d.on_bad_record)
+        eval_ds = task.read(d.eval_file, cfg)
         if d.max_eval_examples:
             eval_ds.examples = eval_ds.examples[: d.max_eval_examples]
     lengths = feats.lengths
 
     # ---- model, optimizer, schedule
     set_seed(t.seed)  # head initialisation independent of how much data was read
-    model = build_model(cfg.model, tokenizer, null_answer=version == 2)
+    model = task.build_model(cfg, tokenizer, train_ds)
     n_pos = getattr(model.encoder.config, "max_position_embeddings", None)
     if n_pos is not None and model.position_base + d.max_seq_len > n_pos:
         raise ConfigError(f"data.max_seq_len ({d.max_seq_len}) + first position id ({model.position_base}) "
@@ -189,7 +203,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
 
     run_info = {
         "status": "running", "started": now_iso(), "seed": t.seed, "versions": versions(),
-        "world_size": acc.num_processes, "config_hash": cfg.hash(), "data_version": version,
+        "task": cfg.task, "world_size": acc.num_processes, "config_hash": cfg.hash(), **task.run_info(cfg, train_ds),
         "train_file": train_ds.path, "train_skipped_records": len(train_ds.skipped),
         "train_skipped": train_ds.skipped[:100], "train_features": feats.stats,
         "eval_file": eval_ds.path if eval_ds else None,
@@ -232,15 +246,14 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         micro = sched.micro_batches(local, acc.process_index)
         gen = torch.Generator().manual_seed(t.seed * 1_000_003 + step)
         for j, bi in enumerate(micro):
-            batch = collate(feats, epoch_batches[bi], pad_id=tokenizer.pad_token_id,
-                            padding_side=tokenizer.padding_side, with_labels=True)
+            batch = task.collate(feats, epoch_batches[bi], tokenizer, with_labels=True)
             for p in perturbations:
                 batch = p(batch, gen)
             batch = move(batch, acc.device)
             pos = batch.get("position_ids")
             updates.add_batch(pos if pos is not None else raw_model.position_ids(batch["attention_mask"]),
                               batch["attention_mask"])
-            targets = {"start_positions": batch["start_positions"], "end_positions": batch["end_positions"]}
+            targets = task.targets(batch)
             sync = j == len(micro) - 1
             ctx = acc.no_sync(model) if not sync else contextlib.nullcontext()
             with ctx:
@@ -282,9 +295,10 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
             or (not t.eval_every and end_of_epoch))
         do_save = do_eval or step == total_steps or (t.save_every and step % t.save_every == 0)
         if do_eval:
-            result = evaluate_dataset(model, tokenizer, cfg, eval_ds, out / "eval.tmp", accelerator=acc,
-                                      progress=progress)
-            metric = main_metric(result)
+            result = task.evaluate(model, tokenizer, cfg, eval_ds, out / "eval.tmp", accelerator=acc,
+                                   progress=progress)
+            metric_name, metric = task.main_metric(result)
+            state["metric_name"] = metric_name
             if main:
                 with open(out / "eval_log.jsonl", "a", encoding="utf-8") as f:
                     f.write(json.dumps({"step": step, **result}) + "\n")
@@ -308,7 +322,8 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         state["best_step"] = step
     acc.wait_for_everyone()
     summary = {"output_dir": str(out), "steps": step, "best_step": state["best_step"],
-               "best_f1": state["best_metric"], "train_seconds": round(state["train_seconds"], 2),
+               "best_metric": state["best_metric"], "metric": state.get("metric_name"),
+               f"best_{state.get('metric_name') or 'metric'}": state["best_metric"], "train_seconds": round(state["train_seconds"], 2),
                "wall_seconds": round(time.time() - started, 2)}
     if eval_ds is not None and (out / "eval" / "metrics.json").is_file():
         summary["eval"] = json.loads((out / "eval" / "metrics.json").read_text(encoding="utf-8"))

@@ -30,7 +30,7 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def dev_examples():
     """The first 200 questions of the bundled official SQuAD v1.1 dev slice."""
-    from posbias.data.squad import read_qa
+    from posbias.qa.readers import read_qa
 
     return read_qa(DEMO_DEV).examples[:200]
 
@@ -55,7 +55,7 @@ def tiny_cfg(tmp_path):
 
 
 def tiny_model(tokenizer, null_answer=False, head="independent", seed=0):
-    from posbias.model import build_model
+    from posbias.qa.model import build_model
 
     torch.manual_seed(seed)
     cfg = build_config(tiny_config(model={"head": head}))

@@ -4,8 +4,9 @@ import pytest
 
 import posbias
 from posbias.config import build_config
-from posbias.data.collate import batch_order, collate
-from posbias.data.features import build_qa_features
+from posbias.batching import batch_order
+from posbias.qa.collate import collate
+from posbias.qa.features import build_qa_features
 
 from conftest import relative_error, tiny_config
 
@@ -68,7 +69,7 @@ def test_gradient_accumulation_equals_a_bigger_batch(tmp_path, monkeypatch, toke
     import torch
     from safetensors.torch import load_file
 
-    from posbias.model import build_model
+    from posbias.qa.model import build_model
     from posbias.utils import set_seed
 
     monkeypatch.setattr(torch.optim, "AdamW", lambda groups, lr, **kw: torch.optim.SGD(groups, lr=lr))

@@ -173,10 +173,10 @@ def test_resume_refuses_a_changed_config(trained):
 def test_export_to_hugging_face_qa_model(trained, tmp_path):
     from transformers import AutoModelForQuestionAnswering
 
-    from posbias.data.collate import collate
-    from posbias.data.features import build_qa_features
-    from posbias.data.squad import read_qa
-    from posbias.model import load_checkpoint
+    from posbias.qa.collate import collate
+    from posbias.qa.features import build_qa_features
+    from posbias.qa.readers import read_qa
+    from posbias.checkpoint import load_checkpoint
 
     run, _ = trained
     out = posbias.export(run / "best", tmp_path / "hf")
@@ -207,7 +207,7 @@ def test_hf_qa_folder_without_its_head_weights_warns(trained, tmp_path):
     head: loading it says so instead of evaluating silently."""
     from safetensors.torch import save_file
 
-    from posbias.model import load_checkpoint
+    from posbias.checkpoint import load_checkpoint
 
     run, _ = trained
     out = posbias.export(run / "best", tmp_path / "hf")
@@ -241,7 +241,7 @@ def test_two_process_training_with_torchrun(tmp_path):
 
 def test_squad_v2_end_to_end(tmp_path):
     """Unanswerable questions switch on the null answer: [CLS] labels, null odds, v2 metrics."""
-    from posbias.data.squad import read_qa
+    from posbias.qa.readers import read_qa
 
     examples = read_qa(DEMO_DEV).examples[:60]
     data = [{"title": "t", "paragraphs": [{"context": e.context, "qas": [{

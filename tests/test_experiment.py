@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 import posbias
+import posbias.qa.readers
 from posbias.analysis.stats import mean_std, paired_bootstrap, paired_ttest
-from posbias.api import PRESETS
+from posbias.config import PRESETS
 from posbias.errors import ConfigError
 from posbias.experiment import aggregate, load_experiment, load_results
 
@@ -247,7 +248,7 @@ def test_segments_flow_into_store_and_report(tmp_path):
     # Only the gold-only segmenter pairs questions; its bootstrap equals one computed by hand.
     assert "bootstrap" not in method_rows["short"] and "bootstrap" not in method_rows["long"]
     scores = {(q["run"], q["qid"]): q["f1"] for q in results["questions"] if q["eval_set"] == "val"}
-    spec_ds = posbias.inference.read_dataset(load_experiment(spec).runs[0].config.data.eval_file)
+    spec_ds = posbias.qa.readers.read_dataset(load_experiment(spec).runs[0].config.data.eval_file)
     late = sorted(e.id for e in spec_ds.examples[:24] if e.answers[0].start >= 300)
     m = np.mean([[scores[(f"all_token_softmax/seed{s}", q)] for q in late] for s in (1, 2)], axis=0) * 100
     b = np.mean([[scores[(f"context_softmax/seed{s}", q)] for q in late] for s in (1, 2)], axis=0) * 100

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from posbias.config import build_config
-from posbias.data.collate import collate
-from posbias.data.features import build_qa_features
-from posbias.model import build_model, load_tokenizer
+from posbias.qa.collate import collate
+from posbias.qa.features import build_qa_features
+from posbias.encoders import load_tokenizer
+from posbias.qa.model import build_model
 
 pytestmark = pytest.mark.integration
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from posbias.config import build_config
-from posbias.data.collate import collate
-from posbias.data.examples import Answer, QAExample
-from posbias.data.features import build_qa_features
+from posbias.qa.collate import collate
+from posbias.qa.examples import Answer, QAExample
+from posbias.qa.features import build_qa_features
 from posbias.errors import ConfigError
-from posbias.heads.independent import IndependentHead
-from posbias.labels import occurrences, random_occurrence
-from posbias.model import QAModel
+from posbias.qa.heads.independent import IndependentHead
+from posbias.qa.labels import occurrences, random_occurrence
+from posbias.qa.model import QAModel
 from posbias.perturb import build_perturbations
 from posbias.perturb.position_shift import sample_random_padding, shift_position_ids
 

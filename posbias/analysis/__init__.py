@@ -1,2 +1,1 @@
-"""Position analyses, statistics and report rendering."""
-from . import positions  # noqa: F401  (registers the position segmenters)
+"""Statistics, plots and report rendering shared by both tasks (position-update counts included)."""

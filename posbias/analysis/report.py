@@ -43,7 +43,7 @@ def _boot(row) -> str:
 
 def comparison_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     head = ["data", "eval set", "metric", "method", "mean ± std", "Δ vs baseline", "t-test p (seeds)",
-            "bootstrap p [95% CI] (questions)", "runs", "wall min"]
+            "bootstrap p [95% CI] (examples)", "runs", "wall min"]
     body = []
     for r in rows:
         delta = ""
@@ -149,7 +149,8 @@ def plot_curves(results: dict, path: Path) -> Path | None:
     if not series:
         return None
     plt = _plt()
-    kinds = [k for k in ("loss", "val_f1") if any(k == kk for kk, _ in series)]
+    kinds = ["loss"] + sorted({k for k, _ in series if k.startswith("val_")})
+    kinds = [k for k in kinds if any(k == kk for kk, _ in series)]
     fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 3.8), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
         for m in results["methods"]:
@@ -162,11 +163,12 @@ def plot_curves(results: dict, path: Path) -> Path | None:
             std = np.array([np.std(pts[s], ddof=1) if len(pts[s]) > 1 else 0.0 for s in steps])
             if kind == "loss" and len(steps) > 20:  # smooth the noisy per-step loss for readability
                 mean = moving_average(mean, max(1, len(steps) // 20))
-            ax.plot(steps, mean, marker="o" if kind == "val_f1" else None, label=m)
+            ax.plot(steps, mean, marker="o" if kind != "loss" else None, label=m)
             ax.fill_between(steps, mean - std, mean + std, alpha=0.15)
         ax.set_xlabel("optimizer step")
-        ax.set_ylabel("training loss" if kind == "loss" else "validation F1")
-        ax.set_title("Training loss" if kind == "loss" else "Validation F1 at each evaluation")
+        metric = kind.removeprefix("val_").replace("f1", "F1")
+        ax.set_ylabel("training loss" if kind == "loss" else f"validation {metric}")
+        ax.set_title("Training loss" if kind == "loss" else f"Validation {metric} at each evaluation")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -231,7 +233,7 @@ def plot_updates(results: dict, path: Path) -> Path | None:
     """Position-embedding updates of an experiment, mean over each method's runs."""
     import json
 
-    from .positions import PositionUpdateCounter
+    from .updates import PositionUpdateCounter
 
     by_method: dict = {}
     for r in results["runs"]:
@@ -257,9 +259,12 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
     improvements = improvement_rows(results)
     plots = exp_dir / "plots"
     plots.mkdir(exist_ok=True)
-    figures = [("Method comparison (F1)", plot_comparison(rows, results["methods"], plots / "comparison_f1.png")),
-               ("Method comparison (EM)", plot_comparison(rows, results["methods"], plots / "comparison_em.png", "EM")),
-               ("Learning curves", plot_curves(results, plots / "learning_curves.png"))]
+    metrics = list(dict.fromkeys(r["metric"] for r in rows))
+    metrics = sorted(metrics, key=lambda m: m not in ("F1", "accuracy"))  # the main metric first
+    figures = [(f"Method comparison ({m})", plot_comparison(rows, results["methods"],
+                                                           plots / f"comparison_{m.lower().replace(' ', '_')}.png", m))
+               for m in metrics]
+    figures.append(("Learning curves", plot_curves(results, plots / "learning_curves.png")))
     figures += [(p.stem.replace("_", " "), p) for p in plot_segments(seg_rows, results["methods"], plots)]
     figures.append(("Position-embedding updates", plot_updates(results, plots / "position_updates.png")))
     figures = [(t, p) for t, p in figures if p is not None]
@@ -272,7 +277,8 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
              f"methods: {', '.join(results['methods'])} (baseline **{results['baseline']}**); "
              f"total wall time {wall / 60:.1f} min.", "",
              "Each cell is the mean ± sample std over seeds. Δ is method − baseline, paired by seed "
-             "(t-test over seeds) and by question (bootstrap over questions, scores averaged over seeds, "
+             "(t-test over seeds) and by example (bootstrap over QA questions, scores averaged over seeds, "
+             "or over tagging sentences, the corpus-level main metric recomputed on each resample; "
              "10,000 resamples). A Δ is bold only when both p-values are below 0.05. "
              "`val` is each run's `data.eval_file`, the set its best checkpoint was selected on (an "
              "optimistic estimate); other eval sets are scored once, with that checkpoint.", ""]

@@ -1,4 +1,4 @@
-"""Batches: a recorded, seed-determined data order with length grouping, and dynamic padding.
+"""QA batches: windows padded to the longest of the batch (dynamic padding), with their masks.
 
 Shape legend: b windows in a batch, s = longest window in the batch (no padding to max_seq_len).
 """
@@ -8,30 +8,6 @@ import numpy as np
 import torch
 
 from .features import QAFeatures
-
-
-def batch_order(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, *,
-                length_grouping: bool = True, group_batches: int = 50) -> list[np.ndarray]:
-    """The epoch's batches of window indices; a pure function of (lengths, seed, epoch).
-
-    Every method run with the same seed sees the same batches in the same order (the papers'
-    "identical order of training instances"), because perturbations never change window lengths.
-
-    With `length_grouping`, windows are shuffled, cut into pools of `group_batches` batches, sorted by
-    length inside each pool and the resulting batches shuffled again: batches hold windows of
-    similar length, so dynamic padding wastes little, while the order stays random.
-    """
-    rng = np.random.default_rng([seed, epoch])
-    perm = rng.permutation(len(lengths))
-    if not length_grouping:
-        return [perm[i:i + batch_size] for i in range(0, len(perm), batch_size)]
-    pool = batch_size * group_batches
-    batches = []
-    for p in range(0, len(perm), pool):
-        chunk = perm[p:p + pool]
-        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
-        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
-    return [batches[i] for i in rng.permutation(len(batches))]
 
 
 def collate(features: QAFeatures, idx, *, pad_id: int, padding_side: str = "right",

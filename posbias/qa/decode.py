@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .data.examples import QAExample
-from .data.features import QAFeatures
+from .examples import QAExample
+from .features import QAFeatures
 from .heads.span_scores import top_spans
 
 

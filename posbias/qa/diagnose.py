@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .positions import (PositionUpdateCounter, first_x_labels, gold_mention_positions, predicted_start_positions,
+from ..analysis.updates import PositionUpdateCounter
+from .positions import (first_x_labels, gold_mention_positions, predicted_start_positions,
                         quartile_labels)
 
 
@@ -27,7 +28,7 @@ def _md(rows: list[dict], title: str) -> list[str]:
 
 
 def plot_position_curve(mentions, scores, max_seq_len: int, path: Path, bin_size: int = 32) -> Path:
-    from .report import _plt
+    from ..analysis.report import _plt
 
     plt = _plt()
     edges = np.arange(0, max_seq_len + bin_size, bin_size)
@@ -53,7 +54,7 @@ def plot_position_curve(mentions, scores, max_seq_len: int, path: Path, bin_size
 
 
 def plot_position_updates(updates: dict, path: Path, label: str = "") -> Path:
-    from .report import plot_update_fractions
+    from ..analysis.report import plot_update_fractions
 
     return plot_update_fractions({label: PositionUpdateCounter.fractions(updates)}, path,
                                  f"Position-embedding updates ({updates['steps']} steps)")
@@ -64,16 +65,16 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
     diagnosis.md / .json, F1 by answer-position quartile (gold and predicted, Table 1), S_X^(1) vs
     S_X^(2) for each X (App. C), an F1-by-position plot and, for a posbias run, the
     position-embedding update plot (§2.3)."""
-    from .. import metrics as M
-    from ..api import _checkpoint_config, evaluate
-    from ..inference import read_dataset
-    from ..model import load_checkpoint
+    from ..checkpoint import eval_config, load_checkpoint
     from ..utils import atomic_write_json, atomic_write_text
+    from . import metrics as M
+    from .evaluate import evaluate_checkpoint
+    from .readers import read_dataset
 
     out = Path(output_dir)
-    result = evaluate(model, data, out / "eval", overrides=overrides, progress=progress)
-    _, tokenizer, mcfg = load_checkpoint(model)
-    cfg = _checkpoint_config(mcfg, overrides)
+    result = evaluate_checkpoint(model, data, out / "eval", overrides=overrides, progress=progress)
+    _, tokenizer, mcfg = load_checkpoint(model, task="qa")
+    cfg = eval_config(mcfg, overrides)
     ds = read_dataset(data, cfg.data.on_bad_record)
     if cfg.data.max_eval_examples:
         ds.examples = ds.examples[: cfg.data.max_eval_examples]

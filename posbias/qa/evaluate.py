@@ -1,6 +1,6 @@
 """Run a model over windows, decode answers, score them, write prediction files.
 
-Used by training (periodic evaluation) and by `posbias evaluate/predict qa`.
+Used by training (periodic evaluation, through `posbias.qa.task`) and by `posbias evaluate/predict qa`.
 """
 from __future__ import annotations
 
@@ -10,22 +10,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .config import RunConfig, resolve_path
-from .data.collate import collate
-from .data.examples import QADataset, QAExample
-from .data.features import QAFeatures, build_qa_features
+from ..batching import move
+from ..config import RunConfig
+from ..errors import ConfigError
+from ..utils import atomic_write_json
+from .collate import collate
 from .decode import WindowCandidates, batch_candidates, decode
-from .errors import ConfigError
-from .utils import atomic_write_json
-
-
-def read_dataset(spec, on_bad_record: str = "error") -> QADataset:
-    """A QA file (or a list of shards) by path or bundled alias (`demo:train`, `demo:dev`)."""
-    from .data.squad import read_qa, read_squad_many
-
-    if isinstance(spec, (list, tuple)):
-        return read_squad_many([resolve_path(p) for p in spec], on_bad_record=on_bad_record)
-    return read_qa(resolve_path(spec), on_bad_record=on_bad_record)
+from .examples import QADataset, QAExample
+from .features import QAFeatures, build_qa_features
 
 
 def eval_features(examples: list[QAExample], tokenizer, cfg: RunConfig, source: str) -> QAFeatures:
@@ -33,10 +25,6 @@ def eval_features(examples: list[QAExample], tokenizer, cfg: RunConfig, source: 
     return build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
                              max_query_len=d.max_query_len, context_first=d.context_first, train=False,
                              source=source)
-
-
-def move(batch: dict, device) -> dict:
-    return {k: v.to(device) for k, v in batch.items()}
 
 
 def run_windows(model, features: QAFeatures, *, pad_id: int, padding_side: str, batch_size: int,
@@ -131,3 +119,64 @@ def main_metric(result: dict) -> float:
     if "f1" not in result:
         raise ConfigError(f"no f1 in evaluation result {sorted(result)}")
     return float(result["f1"])
+
+
+def evaluate_checkpoint(model, data, output_dir=None, overrides=None, progress: bool = True) -> dict:
+    """Score a checkpoint (posbias or Hugging Face QA folder) on a QA file; writes predictions,
+    metrics and the run's config/versions into `output_dir` when given."""
+    import time
+
+    from ..checkpoint import eval_config, load_checkpoint, write_run_meta
+    from .readers import read_dataset
+
+    net, tokenizer, mcfg = load_checkpoint(model, task="qa")
+    cfg = eval_config(mcfg, overrides)
+    ds = read_dataset(data, cfg.data.on_bad_record)
+    if cfg.data.max_eval_examples:
+        ds.examples = ds.examples[: cfg.data.max_eval_examples]
+    t0 = time.time()
+    result = evaluate_dataset(net, tokenizer, cfg, ds, output_dir, progress=progress)
+    if output_dir is not None:
+        write_run_meta(output_dir, cfg, "evaluate", model, ds.path, t0, skipped=ds.skipped)
+    return result
+
+
+def predict_checkpoint(model, question: str | None = None, context: str | None = None, data=None,
+                       output_dir=None, n_best: int | None = None, overrides=None, progress: bool = False) -> dict:
+    """Answer one question (question + context) or every question of a file.
+
+    Returns id -> {"answer", "probability", "start_char", "nbest"}; with `output_dir`, also writes
+    predictions.json, nbest.json, null_odds.json.
+    """
+    import time
+
+    from ..checkpoint import eval_config, load_checkpoint, write_run_meta
+    from ..config import build_config
+    from .readers import read_dataset
+
+    if (question is None) != (context is None) or (question is None) == (data is None):
+        raise ConfigError("predict needs either question and context, or data")
+    net, tokenizer, mcfg = load_checkpoint(model, task="qa")
+    cfg = eval_config(mcfg, overrides)
+    if n_best:
+        cfg = build_config(cfg.to_dict(), {"decode": {"n_best": n_best}})
+    t0 = time.time()
+    skipped = []
+    if data is not None:
+        ds = read_dataset(data, cfg.data.on_bad_record)
+        examples, source, skipped = ds.examples, ds.path, ds.skipped
+    else:
+        if not question.strip() or not context.strip():
+            raise ConfigError("question and context must be non-empty")
+        examples, source = [QAExample(id="q0", question=question, context=context)], "<command line>"
+    preds, nbest, null_odds, _, _ = predict_examples(net, tokenizer, cfg, examples, source=source,
+                                                     progress=progress)
+    if output_dir is not None:
+        write_predictions(output_dir, preds, nbest, null_odds)
+        write_run_meta(output_dir, cfg, "predict", model, source, t0, skipped=skipped)
+    result = {}
+    for e in examples:
+        top = next((c for c in nbest[e.id] if c["text"] == preds[e.id]), None)
+        result[e.id] = {"answer": preds[e.id], "probability": top["probability"] if top else None,
+                        "start_char": top["start_char"] if top else -1, "nbest": nbest[e.id]}
+    return result

@@ -165,7 +165,7 @@ def build_qa_features(
     if not examples:
         raise DataError(source, None, "no examples to build features from")
     if label_policy is None:
-        from ..labels import first_answer as label_policy
+        from .labels import first_answer as label_policy
     if unanswerable_windows == "auto":
         unanswerable_windows = "cls" if version == 2 else "drop"
     if unanswerable_windows == "cls" and version == 1:

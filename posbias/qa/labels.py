@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import random
 
-from .data.examples import Answer, QAExample
-from .registry import LABEL_POLICIES
+from .examples import Answer, QAExample
+from ..registry import LABEL_POLICIES
 
 
 @LABEL_POLICIES.register("first")

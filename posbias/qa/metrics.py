@@ -206,7 +206,7 @@ def score_files(
         DataError: a file is not valid JSON or not an object of the expected value type.
         ValueError: unknown version, or na_prob_path with v1.1.
     """
-    from posbias.data.squad import read_qa  # lazy: keeps metrics importable without readers
+    from .readers import read_qa  # lazy: keeps metrics importable without readers
 
     if version not in (*VERSIONS, "auto"):
         raise ValueError(f"version must be one of 1.1, 2.0, auto; got {version!r}")

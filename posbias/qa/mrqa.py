@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from posbias.data.examples import Answer, QADataset, QAExample
-from posbias.data.squad import (blame_questions, check_on_bad_record, collect, context_problem,
-                                duplicate, is_int, is_text, read_text)
-from posbias.errors import DataError
+from ..errors import DataError
+from ..records import check_on_bad_record, collect, duplicate, is_int, is_text, read_text
+from .examples import Answer, QADataset, QAExample
+from .records import blame_questions, context_problem
 
 
 def read_mrqa(path, on_bad_record: str = "error", check_offsets: bool = True) -> QADataset:

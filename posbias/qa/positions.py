@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.examples import QAExample
+from .examples import QAExample
 from ..registry import SEGMENTERS
 
 
 def gold_mention_positions(examples: list[QAExample], tokenizer, *, max_seq_len: int, doc_stride: int,
                            max_query_len: int = 64, context_first: str = "auto") -> dict[str, list[int]]:
     """Question id -> start token position of every gold mention (in the first window holding it)."""
-    from ..data.features import _label_tokens, build_qa_features
+    from .features import _label_tokens, build_qa_features
 
     feats = build_qa_features(examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride,
                               max_query_len=max_query_len, context_first=context_first, train=False)
@@ -64,9 +64,9 @@ def predicted_start_positions(nbest: dict[str, list[dict]], predictions: dict[st
 
 
 def _checkpoint_setup(checkpoint):
-    from ..model import load_checkpoint
+    from ..checkpoint import load_checkpoint
 
-    _, tokenizer, cfg = load_checkpoint(checkpoint)
+    _, tokenizer, cfg = load_checkpoint(checkpoint, task="qa")
     return tokenizer, cfg
 
 
@@ -110,7 +110,7 @@ def improvement_categories(gold: dict[str, list[str]], baseline: dict[str, str],
     """§6.2: among questions where the method's F1 beats the baseline's, the share of corrections
     (the two predictions share no token: a different answer) vs more precise boundaries (they share
     tokens: the same answer, better cut)."""
-    from ..metrics import f1 as f1_score, normalize_answer
+    from .metrics import f1 as f1_score, normalize_answer
 
     improved = corrections = 0
     for qid, golds in gold.items():
@@ -125,30 +125,3 @@ def improvement_categories(gold: dict[str, list[str]], baseline: dict[str, str],
     return {"improved": improved, "corrections": corrections, "boundaries": improved - corrections,
             "correction_share": corrections / improved if improved else float("nan"),
             "boundary_share": (improved - corrections) / improved if improved else float("nan")}
-
-
-# --------------------------------------------------------------------- position-embedding updates
-class PositionUpdateCounter:
-    """§2.3 pilot: for each position id, the number of optimizer steps in which it received a
-    gradient, i.e. appeared on a real (non-padding) token of the step's batches."""
-
-    def __init__(self, n_positions: int):
-        self.counts = np.zeros(n_positions, dtype=np.int64)
-        self.steps = 0
-        self._step_seen = np.zeros(n_positions, dtype=bool)
-
-    def add_batch(self, position_ids, attention_mask) -> None:
-        ids = position_ids[attention_mask.bool()].unique().cpu().numpy()
-        self._step_seen[ids[ids < len(self._step_seen)]] = True
-
-    def end_step(self) -> None:
-        self.counts += self._step_seen
-        self.steps += 1
-        self._step_seen[:] = False
-
-    def to_dict(self) -> dict:
-        return {"steps": self.steps, "counts": self.counts.tolist()}
-
-    @staticmethod
-    def fractions(d: dict) -> np.ndarray:
-        return np.asarray(d["counts"], dtype=np.float64) / max(d["steps"], 1)

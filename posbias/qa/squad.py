@@ -1,4 +1,4 @@
-"""SQuAD v1.1 / v2.0 reader, the format-sniffing `read_qa`, and helpers the MRQA reader shares.
+"""SQuAD v1.1 / v2.0 reader.
 
 Every question is validated so later stages can trust each `Answer` to sit at its offset. A bad
 record raises `DataError` naming the file and the question id (or its position when it has no id);
@@ -8,100 +8,17 @@ No text is stripped: answer offsets index the context exactly as stored.
 """
 from __future__ import annotations
 
-import gzip
 import json
-import zlib
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
-from posbias.data.examples import Answer, QADataset, QAExample
-from posbias.errors import DataError
+from ..errors import DataError
+from ..records import check_on_bad_record, collect, duplicate, is_int, is_text, read_text
+from .examples import Answer, QADataset, QAExample
+from .records import blame_questions, context_problem
 
-ON_BAD_RECORD = ("error", "skip")
-_GZIP_MAGIC = b"\x1f\x8b"
 # Question keys the reader consumes; every other key (e.g. the rebuilt train set's
 # `answer_start_ambiguous`) is kept in QAExample.meta. plausible_answers are ignored on purpose.
 _QUESTION_KEYS = {"id", "question", "answers", "is_impossible", "plausible_answers"}
-
-
-# --- helpers shared with mrqa.py ---------------------------------------------------------------
-
-def check_on_bad_record(value: str) -> None:
-    if value not in ON_BAD_RECORD:
-        raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {value!r}")
-
-
-def read_text(path) -> str:
-    """The file as text; gunzipped when it starts with the gzip magic bytes, whatever its suffix."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as e:
-        raise DataError(path, None, f"cannot read file: {e.strerror or e}") from e
-    gzipped = raw[:2] == _GZIP_MAGIC
-    if gzipped:
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
-            raise DataError(path, None, f"corrupt gzip data: {e}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        where = f"byte {e.start}" + (" of the gunzipped data" if gzipped else "")
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise DataError(path, None, f"invalid UTF-8 at {where} (line {line})") from None
-    return text.removeprefix("\ufeff")  # a BOM is not part of the JSON
-
-
-def is_text(value) -> bool:
-    """A string with a non-space character (checked only: the string itself is kept as is)."""
-    return isinstance(value, str) and bool(value.strip())
-
-
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not an offset
-
-
-def blame_questions(path, qas, where: str, reason: str, id_key: str = "id") -> list[DataError]:
-    """A bad context drops all its questions: one error each, named by id (else by position)."""
-    qas = qas if isinstance(qas, list) else []
-    ids = [q.get(id_key) if isinstance(q, dict) else None for q in qas]
-    names = [i if isinstance(i, str) and i else f"{where} question {k}" for k, i in enumerate(ids)]
-    if not names:  # no question to name: the context's position is the record
-        return [DataError(path, where, reason)]
-    return [DataError(path, name, f"{where}: {reason}") for name in names]
-
-
-def collect(items: Iterable[QAExample | DataError], on_bad_record: str,
-            examples: list[QAExample], skipped: list[tuple[str, str]]) -> None:
-    """Append each example; raise each error, or under `skip` record it as (record, reason)."""
-    for item in items:
-        if isinstance(item, QAExample):
-            examples.append(item)
-        elif on_bad_record == "error":
-            raise item
-        else:
-            skipped.append((str(item.record), item.reason))
-
-
-def context_problem(record, what: str) -> tuple[list | None, str | None]:
-    """(its qas, why a context record {"context", "qas"} is unusable — or None when it is fine)."""
-    qas = record.get("qas") if isinstance(record, dict) else None
-    if not isinstance(record, dict):
-        return qas, f"{what} must be a JSON object"
-    if not is_text(record.get("context")):
-        return qas, f"context must be a non-empty string, got {record.get('context')!r:.40}"
-    if not isinstance(qas, list):
-        return qas, "qas must be a list"
-    return qas, None
-
-
-def duplicate(seen: dict[str, tuple[str, str]], qid: str, path: str) -> str | None:
-    """The reason a question id is a repeat, or None; `seen` maps id -> (path, where)."""
-    if qid not in seen:
-        return None
-    first_path, first_where = seen[qid]
-    elsewhere = f" of {first_path}" if first_path != path else ""
-    return f"duplicate id (first at {first_where}{elsewhere})"
 
 
 # --- public readers ----------------------------------------------------------------------------
@@ -110,6 +27,12 @@ def read_squad(path, on_bad_record: str = "error", check_offsets: bool = True) -
     """Read a SQuAD v1.1 or v2.0 JSON file (plain or gzip)."""
     check_on_bad_record(on_bad_record)  # before reading: a typo should not cost a file read
     return _squad_dataset([(str(path), read_text(path))], on_bad_record, check_offsets)
+
+
+def parse_squad(path, text: str, on_bad_record: str = "error", check_offsets: bool = True) -> QADataset:
+    """`read_squad` on text already read from `path` (lets `read_qa` sniff the format first)."""
+    check_on_bad_record(on_bad_record)
+    return _squad_dataset([(str(path), text)], on_bad_record, check_offsets)
 
 
 def read_squad_many(paths, on_bad_record: str = "error", check_offsets: bool = True) -> QADataset:
@@ -122,23 +45,6 @@ def read_squad_many(paths, on_bad_record: str = "error", check_offsets: bool = T
     if not paths:
         raise ValueError("read_squad_many needs at least one path")
     return _squad_dataset(((p, read_text(p)) for p in paths), on_bad_record, check_offsets)
-
-
-def read_qa(path, on_bad_record: str = "error", check_offsets: bool = True) -> QADataset:
-    """Read SQuAD JSON or MRQA JSONL (either maybe gzipped), telling them apart by content."""
-    from posbias.data.mrqa import parse_mrqa  # here, not at the top: mrqa imports this module
-
-    check_on_bad_record(on_bad_record)
-    text = read_text(path)
-    first = text.lstrip().split("\n", 1)[0]  # first non-empty line, without splitting the whole file
-    try:
-        head = json.loads(first)
-    except json.JSONDecodeError:
-        head = None  # pretty-printed SQuAD: its first line is a lone "{"
-    # A whole JSON object on line one without "data" is an MRQA header or context line.
-    if isinstance(head, dict) and "data" not in head:
-        return parse_mrqa(path, text, on_bad_record, check_offsets)
-    return _squad_dataset([(str(path), text)], on_bad_record, check_offsets)
 
 
 # --- SQuAD internals: one validator per record level -------------------------------------------

@@ -120,7 +120,7 @@ def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_rang
     from pathlib import Path
 
     from ..errors import ConfigError
-    from ..inference import read_dataset
+    from .readers import read_dataset
     from ..utils import atomic_write_json, atomic_write_text
 
     if truncate is not None and truncate_range is not None:

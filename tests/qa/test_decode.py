@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from posbias.data.collate import collate
-from posbias.data.features import build_qa_features
-from posbias.decode import WindowCandidates, batch_candidates, decode
-from posbias.heads.independent import IndependentHead
-from posbias.heads.span_scores import (band, band_from_matrix, candidate_mask, masked_logits, top_spans,
+from posbias.qa.collate import collate
+from posbias.qa.features import build_qa_features
+from posbias.qa.decode import WindowCandidates, batch_candidates, decode
+from posbias.qa.heads.independent import IndependentHead
+from posbias.qa.heads.span_scores import (band, band_from_matrix, candidate_mask, masked_logits, top_spans,
                                        top_spans_additive)
 
 

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from posbias.data.examples import Answer, QAExample
-from posbias.data.features import build_qa_features
+from posbias.qa.examples import Answer, QAExample
+from posbias.qa.features import build_qa_features
 from posbias.errors import ConfigError, DataError
-from posbias.metrics import normalize_answer
+from posbias.qa.metrics import normalize_answer
 
 
 def decoded(example, feats, w):

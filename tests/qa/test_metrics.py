@@ -4,7 +4,7 @@ import json
 import pytest
 
 from posbias.errors import DataError
-from posbias.metrics import (
+from posbias.qa.metrics import (
     exact_match,
     f1,
     normalize_answer,

@@ -4,9 +4,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from posbias.data.collate import collate
-from posbias.data.features import build_qa_features
-from posbias.model import QAModel, load_checkpoint, save_checkpoint
+from posbias.qa.collate import collate
+from posbias.qa.features import build_qa_features
+from posbias.checkpoint import load_checkpoint, save_checkpoint
+from posbias.qa.model import QAModel
 from posbias.registry import HEADS
 
 from conftest import relative_error, tiny_model
@@ -127,7 +128,7 @@ def test_pretrained_encoder_loads_quietly_and_names_missing_weights(tokenizer, t
     from transformers import AutoConfig, AutoModel
 
     from posbias.config import ModelConfig
-    from posbias.model import build_model
+    from posbias.qa.model import build_model
 
     from conftest import TINY_ENCODER
 

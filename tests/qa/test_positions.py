@@ -5,11 +5,12 @@ import numpy as np
 import torch
 
 import posbias
-from posbias.analysis.positions import (PositionUpdateCounter, first_x_labels, gold_mention_positions,
-                                        improvement_categories, predicted_start_positions, quartile_labels)
+from posbias.analysis.updates import PositionUpdateCounter
+from posbias.qa.positions import (first_x_labels, gold_mention_positions, improvement_categories,
+                                  predicted_start_positions, quartile_labels)
 from posbias.config import build_config
-from posbias.data.collate import collate
-from posbias.data.features import build_qa_features
+from posbias.qa.collate import collate
+from posbias.qa.features import build_qa_features
 
 from conftest import DEMO_DEV, tiny_config, tiny_model
 

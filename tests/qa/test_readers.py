@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from posbias.data.mrqa import read_mrqa
-from posbias.data.squad import read_qa, read_squad, read_squad_many
+from posbias.qa.mrqa import read_mrqa
+from posbias.qa.readers import read_qa
+from posbias.qa.squad import read_squad, read_squad_many
 from posbias.errors import DataError
 
-FIXTURES = Path(__file__).parent / "fixtures" / "bad_qa"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bad_qa"
 from conftest import SHARED_DATA as SHARED
 V1 = json.loads((FIXTURES / "v1.json").read_text(encoding="utf-8"))
 N_V1 = 5  # questions in v1.json

@@ -4,9 +4,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from posbias.data.examples import Answer, QAExample
-from posbias.data.squad import read_qa
-from posbias.data.truncate import (count_words, split_halves, statistics, truncate_example, truncate_fixed,
+from posbias.qa.examples import Answer, QAExample
+from posbias.qa.readers import read_qa
+from posbias.qa.truncate import (count_words, split_halves, statistics, truncate_example, truncate_fixed,
                                    truncate_range, word_spans)
 
 from conftest import DEMO_DEV
@@ -77,7 +77,7 @@ def test_cli_build_writes_readable_squad_and_stats(tmp_path):
 
 
 def test_sample_keeps_a_seeded_ordered_subset_per_part(tmp_path):
-    from posbias.data.truncate import build_dataset, sample_examples
+    from posbias.qa.truncate import build_dataset, sample_examples
 
     exs = [ex([Answer("beta", 6)], qid=f"q{i}") for i in range(10)]
     a, b = sample_examples(exs, 4, seed=3), sample_examples(exs, 4, seed=3)

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..errors import ConfigError
-from ..registry import HEADS
+from ...errors import ConfigError
+from ...registry import HEADS
 from .span_scores import band, candidate_mask, masked_logits, top_spans_additive
 
 

@@ -1,0 +1,36 @@
+"""Batch order, shared by every task: a recorded, seed-determined order with length grouping.
+
+Shape legend: b items in a batch, s = longest item in the batch (no padding to max_seq_len).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def batch_order(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, *,
+                length_grouping: bool = True, group_batches: int = 50) -> list[np.ndarray]:
+    """The epoch's batches of window indices; a pure function of (lengths, seed, epoch).
+
+    Every method run with the same seed sees the same batches in the same order (the papers'
+    "identical order of training instances"), because perturbations never change window lengths.
+
+    With `length_grouping`, windows are shuffled, cut into pools of `group_batches` batches, sorted by
+    length inside each pool and the resulting batches shuffled again: batches hold windows of
+    similar length, so dynamic padding wastes little, while the order stays random.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    perm = rng.permutation(len(lengths))
+    if not length_grouping:
+        return [perm[i:i + batch_size] for i in range(0, len(perm), batch_size)]
+    pool = batch_size * group_batches
+    batches = []
+    for p in range(0, len(perm), pool):
+        chunk = perm[p:p + pool]
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def move(batch: dict, device) -> dict:
+    """The batch's tensors on `device`."""
+    return {k: v.to(device) for k, v in batch.items()}

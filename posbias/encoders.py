@@ -1,0 +1,196 @@
+"""Encoders and tokenizers, shared by every task: any local Hugging Face checkpoint (or one built
+from a config), loaded offline and quietly, plus the position-id numbering every task model uses.
+
+Shape legend: b batch, s sequence, d hidden.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig, resolve_path
+from .errors import ConfigError
+
+from .relative_position import RELATIVE_KINDS  # noqa: E402  (provided there)
+
+# posbias never downloads: every from_pretrained below reads local files only.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' per-load report table and "Loading weights" bar.
+
+    transformers 5 prints both for every `from_pretrained`, e.g. a table flagging the pooler that
+    posbias drops on purpose; `load_encoder` reports the weights that really matter (missing ones).
+    """
+    from transformers.utils import logging as hf_logging
+
+    level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
+def from_pretrained_quietly(auto_cls, path: str, key: str, **kwargs):
+    """`auto_cls.from_pretrained` from a local folder, quietly; weights the folder lacks (other than a
+    pooler posbias never uses) are named in one warning instead of transformers' report table."""
+    with warnings.catch_warnings(), quiet_transformers():
+        warnings.simplefilter("ignore")
+        model, info = auto_cls.from_pretrained(path, local_files_only=True, output_loading_info=True, **kwargs)
+    missing = sorted(k for k in info.get("missing_keys", ()) if "pooler" not in k)
+    if missing:  # not (all of) a trained model: say so, once
+        warnings.warn(f"{key}: {len(missing)} weight(s) are not in {path} and start random: "
+                      f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", stacklevel=3)
+    return model
+
+
+def local_dir(path: str, key: str) -> str:
+    if not Path(path).is_dir():
+        raise ConfigError(f"{key}: {path!r} is not a local folder (posbias never downloads models; "
+                          "use `minilm` for the bundled MiniLM or a folder with config.json)")
+    return path
+
+
+def check_fast_tokenizer(tokenizer) -> None:
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(
+            f"tokenizer {type(tokenizer).__name__} is not a fast (Rust) tokenizer: posbias needs "
+            "character offsets and word ids; use a tokenizer folder with tokenizer.json")
+
+
+def open_tokenizer(path: str, **kwargs):
+    """A fast tokenizer from a local folder; a model without a pad token (GPT-2, BLOOM-style
+    decoders) pads with its end-of-sequence token, which the attention mask hides anyway."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError(f"cannot load a tokenizer from {path}: {e}") from None
+    check_fast_tokenizer(tok)
+    if tok.pad_token is None:
+        if tok.eos_token is None:
+            raise ConfigError(f"tokenizer in {path} has neither a pad nor an end-of-sequence token")
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_tokenizer(mcfg: ModelConfig, **kwargs):
+    """The run's tokenizer (`model.tokenizer`, else `model.name_or_path`); `kwargs` go to
+    `from_pretrained` (e.g. `add_prefix_space=True` for word-split input to byte-level BPE)."""
+    spec = mcfg.tokenizer or mcfg.name_or_path
+    if not spec:
+        raise ConfigError("model.tokenizer must be set when the encoder is built from model.encoder")
+    path = local_dir(resolve_path(spec), "model.tokenizer" if mcfg.tokenizer else "model.name_or_path")
+    return open_tokenizer(path, **kwargs)
+
+
+def encoder_from_config(config):
+    """A randomly initialised encoder (no pooler) from a transformers config; posbias's relative
+    position attention is put back in when the config asks for it."""
+    from transformers import AutoModel
+
+    try:
+        encoder = AutoModel.from_config(config, add_pooling_layer=False)
+    except TypeError:  # an encoder class without a pooler option
+        encoder = AutoModel.from_config(config)
+    kind = getattr(config, "position_embedding_type", None)
+    if kind in RELATIVE_KINDS:
+        from .relative_position import apply_relative_positions
+
+        apply_relative_positions(encoder, kind, "config.json")
+    return encoder
+
+
+def load_encoder(mcfg: ModelConfig, tokenizer):
+    """A fresh encoder for training: pretrained weights from `model.name_or_path` (or random from
+    `model.encoder`), with `model.position_embedding_type` applied."""
+    from transformers import AutoConfig, AutoModel
+
+    if mcfg.name_or_path:
+        path = local_dir(resolve_path(mcfg.name_or_path), "model.name_or_path")
+        try:
+            try:
+                encoder = from_pretrained_quietly(AutoModel, path, "model.name_or_path", add_pooling_layer=False)
+            except TypeError:  # an encoder class without a pooler option
+                encoder = from_pretrained_quietly(AutoModel, path, "model.name_or_path")
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"model.name_or_path: cannot load an encoder from {path}: {e}") from None
+    else:
+        spec = dict(mcfg.encoder)
+        spec.setdefault("vocab_size", len(tokenizer))
+        spec.setdefault("pad_token_id", tokenizer.pad_token_id)
+        model_type = spec.pop("model_type")
+        try:
+            config = AutoConfig.for_model(model_type, **spec)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"model.encoder: {e}") from None
+        encoder = encoder_from_config(config)
+    if mcfg.position_embedding_type in RELATIVE_KINDS:
+        from .relative_position import apply_relative_positions
+
+        apply_relative_positions(encoder, mcfg.position_embedding_type, "model.position_embedding_type")
+    if len(tokenizer) > encoder.config.vocab_size:
+        raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the encoder's vocabulary only "
+                          f"{encoder.config.vocab_size}: model.tokenizer does not belong to this encoder")
+    return encoder
+
+
+def position_id_base(encoder) -> tuple[int, int]:
+    """(first position id, id given to padding) — RoBERTa-style models count from padding_idx + 1."""
+    pad_idx = getattr(getattr(encoder, "embeddings", None), "padding_idx", None)
+    if pad_idx is not None:
+        return pad_idx + 1, pad_idx
+    return 0, 0
+
+
+def position_ids(attention_mask: torch.Tensor, base: int, pad: int) -> torch.Tensor:
+    """(b, s) positions counted over real tokens only, so left padding does not shift them."""
+    pos = attention_mask.long().cumsum(-1) - 1 + base
+    return pos.masked_fill(attention_mask == 0, pad)
+
+
+class EncoderInputs:
+    """Which of posbias's batch fields an encoder's forward accepts (BLOOM takes no position ids,
+    GPT-2's token types would index its word embeddings), and its position numbering."""
+
+    def __init__(self, encoder, use_token_types: bool = True):
+        params = inspect.signature(encoder.forward).parameters
+        self.positions = "position_ids" in params
+        # GPT-2 has token_type_ids, but embeds them with its word table: never pass them there.
+        self.types = use_token_types and "token_type_ids" in params and encoder.config.model_type != "gpt2"
+        self.base, self.pad = position_id_base(encoder)
+
+    def __call__(self, encoder, batch: dict) -> torch.Tensor:
+        """(b, s, d) last hidden states; a perturbation may have set shifted `position_ids`."""
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        if self.types and "token_type_ids" in batch:
+            kwargs["token_type_ids"] = batch["token_type_ids"]
+        if self.positions:
+            pos = batch.get("position_ids")
+            kwargs["position_ids"] = pos if pos is not None else position_ids(batch["attention_mask"], self.base,
+                                                                              self.pad)
+        return encoder(**kwargs).last_hidden_state
+
+
+def check_exportable(encoder, checkpoint):
+    """The encoder's config, if a plain transformers model can reproduce it; posbias's relative
+    position attention has no transformers 5 equivalent, so such a checkpoint cannot be exported."""
+    kind = getattr(encoder.config, "position_embedding_type", None)
+    if kind in RELATIVE_KINDS:
+        raise ConfigError(f"{checkpoint}: its encoder uses posbias's {kind} position "
+                          "attention, which transformers 5 no longer has: it cannot be exported to a Hugging "
+                          "Face folder (evaluate it with posbias instead)")
+    return encoder.config

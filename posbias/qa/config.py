@@ -1,0 +1,98 @@
+"""The QA run config: its `data` and `decode` sections and their cross-field checks."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config import ModelConfig, RunConfig, TrainConfig, choice
+from ..errors import ConfigError
+
+
+@dataclass
+class QADataConfig:
+    train_file: str | list | None = None
+    """SQuAD v1.1/v2.0 JSON(.gz) or MRQA JSONL(.gz); `demo:train` / `demo:dev` are the bundled slice."""
+    eval_file: str | None = None
+    """Evaluation file used for periodic evaluation and best-checkpoint selection."""
+    version: str = "auto"
+    """`1` (every question answerable), `2` (SQuAD v2 null answers) or `auto` (from the train file)."""
+    max_seq_len: int = 384
+    """Tokens per window, special tokens included."""
+    doc_stride: int = 128
+    """Context tokens shared by consecutive windows of a long context (HF `stride`)."""
+    max_query_len: int = 64
+    """Questions longer than this many tokens are cut (and counted in the run summary)."""
+    context_first: str = "auto"
+    """`auto` puts the context first when the tokenizer pads on the left (XLNet style), else `false`/`true`."""
+    label_policy: str = "first"
+    """Which gold mention becomes the training label (see `posbias.registry.LABEL_POLICIES`)."""
+    unanswerable_windows: str = "auto"
+    """Training windows that do not contain the label: `drop`, `cls` (point at [CLS]), or `auto`
+    (= `cls` for version 2, `drop` for version 1, whose heads have no null position)."""
+    on_bad_record: str = "error"
+    """`error` stops at the first malformed record; `skip` drops it and counts it in the summary."""
+    max_train_examples: int | None = None
+    """Use only the first N training questions (file order)."""
+    max_eval_examples: int | None = None
+    """Use only the first N evaluation questions (file order)."""
+
+
+@dataclass
+class DecodeConfig:
+    n_best: int = 20
+    """Candidate answers kept per question (nbest.json)."""
+    max_answer_len: int = 30
+    """Longest answer in tokens: end <= start + max_answer_len - 1."""
+    null_threshold: float = 0.0
+    """Version 2: predict "" when null score - best span score > threshold."""
+    require_max_context: bool = False
+    """Only let a window propose spans whose start token has its maximum context in that window
+    (original BERT); the Hugging Face examples do not."""
+
+
+@dataclass
+class QAConfig(RunConfig):
+    """An extractive QA run: `posbias train qa`."""
+
+    task: str = "qa"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: QADataConfig = field(default_factory=QADataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    perturb: list = field(default_factory=list)
+    """Training-time input perturbations, each `{name: ..., options...}`."""
+
+    def validate(self) -> None:
+        """QA checks; each error names the dotted key(s) to change."""
+        from ..registry import HEADS, LABEL_POLICIES
+        from . import heads as _heads, labels as _labels  # noqa: F401  (register built-ins)
+
+        d, dec = self.data, self.decode
+        if self.model.head is None:
+            self.model.head = "independent"
+        HEADS.get(self.model.head, "model.head")
+        LABEL_POLICIES.get(d.label_policy, "data.label_policy")
+        choice(d.version, ["auto", "1", "2", "1.1", "2.0"], "data.version")
+        choice(d.context_first, ["auto", "true", "false"], "data.context_first")
+        choice(d.unanswerable_windows, ["auto", "drop", "cls"], "data.unanswerable_windows")
+        for key, v in [("data.max_query_len", d.max_query_len), ("decode.n_best", dec.n_best),
+                       ("decode.max_answer_len", dec.max_answer_len)]:
+            if v < 1:
+                raise ConfigError(f"{key} must be >= 1, got {v}")
+        if d.doc_stride < 0:
+            raise ConfigError(f"data.doc_stride must be >= 0, got {d.doc_stride}")
+        # A window holds [CLS] q [SEP] c [SEP] (4 specials for RoBERTa-style pairs): the context part
+        # must be longer than the stride or the tokenizer cannot make progress.
+        room = d.max_seq_len - d.max_query_len - 4
+        if room <= d.doc_stride:
+            raise ConfigError(
+                f"data.doc_stride ({d.doc_stride}) must be < data.max_seq_len - data.max_query_len - 4 "
+                f"({room}): each window needs context tokens beyond the overlap")
+
+
+def data_version(cfg: "QAConfig", has_impossible: bool) -> int:
+    """1 or 2: `data.version`, or for `auto` whether the training data has null answers."""
+    if cfg.data.version == "auto":
+        return 2 if has_impossible else 1
+    return 2 if cfg.data.version.startswith("2") else 1
+
+

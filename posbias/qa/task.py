@@ -1,0 +1,90 @@
+"""The QA task: how the shared training loop, checkpoints and experiments talk to extractive QA.
+
+See the task protocol in `posbias.training`.
+"""
+from __future__ import annotations
+
+from ..registry import LABEL_POLICIES
+from .config import QAConfig, data_version
+
+
+class QATask:
+    name = "qa"
+    config_class = QAConfig
+    hf_suffix = "ForQuestionAnswering"
+    unit = "question"
+
+    def load_tokenizer(self, cfg):
+        from ..encoders import load_tokenizer
+
+        return load_tokenizer(cfg.model)
+
+    def read(self, spec, cfg):
+        from .readers import read_dataset
+
+        return read_dataset(spec, cfg.data.on_bad_record)
+
+    def run_info(self, cfg, train_ds) -> dict:
+        return {"data_version": data_version(cfg, train_ds.has_impossible)}
+
+    def train_features(self, examples, tokenizer, cfg, train_ds):
+        from .features import build_qa_features
+
+        d = cfg.data
+        return build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
+                                 max_query_len=d.max_query_len, context_first=d.context_first, train=True,
+                                 version=data_version(cfg, train_ds.has_impossible),
+                                 label_policy=LABEL_POLICIES.get(d.label_policy, "data.label_policy"),
+                                 unanswerable_windows=d.unanswerable_windows, seed=cfg.train.seed,
+                                 source=train_ds.path)
+
+    def build_model(self, cfg, tokenizer, train_ds):
+        from .model import build_model
+
+        return build_model(cfg.model, tokenizer, null_answer=data_version(cfg, train_ds.has_impossible) == 2)
+
+    def collate(self, features, idx, tokenizer, *, with_labels: bool = False) -> dict:
+        from .collate import collate
+
+        return collate(features, idx, pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side,
+                       with_labels=with_labels)
+
+    def targets(self, batch: dict) -> dict:
+        return {"start_positions": batch["start_positions"], "end_positions": batch["end_positions"]}
+
+    def evaluate(self, model, tokenizer, cfg, dataset, out_dir=None, *, accelerator=None, progress=True) -> dict:
+        from .evaluate import evaluate_dataset
+
+        return evaluate_dataset(model, tokenizer, cfg, dataset, out_dir, accelerator=accelerator, progress=progress)
+
+    def main_metric(self, result: dict) -> tuple[str, float]:
+        from .evaluate import main_metric
+
+        return "f1", main_metric(result)
+
+    def load_model(self, path: str, cfg, meta: dict):
+        from .model import model_from_checkpoint
+
+        return model_from_checkpoint(path, cfg, meta)
+
+    def load_hf(self, path: str, config):
+        from .model import load_hf_qa
+
+        return load_hf_qa(path, config)
+
+    def evaluate_checkpoint(self, model, data, output_dir=None, overrides=None, progress=True) -> dict:
+        from .evaluate import evaluate_checkpoint
+
+        return evaluate_checkpoint(model, data, output_dir, overrides=overrides, progress=progress)
+
+    def example_scores(self, dataset, eval_dir, run_info: dict) -> dict:
+        """Question id -> (EM, F1) of the predictions in `eval_dir` (they already apply the v2 null
+        threshold: scored as they are)."""
+        import json
+        from pathlib import Path
+
+        from . import metrics
+
+        preds = json.loads((Path(eval_dir) / "predictions.json").read_text(encoding="utf-8"))
+        version = "2.0" if run_info.get("data_version") == 2 else "1.1"
+        return metrics.per_question(dataset.gold(), preds, version=version)

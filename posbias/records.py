@@ -1,0 +1,73 @@
+"""Reading records from data files, shared by every reader (SQuAD, MRQA, CoNLL, CoNLL-U).
+
+One policy for bad input: a malformed record raises `DataError` naming the file and the record
+(question id, line number); with `on_bad_record="skip"` it is dropped and listed instead, so the
+reader returns the valid records plus an account of the skipped ones. File-level problems
+(unreadable, corrupt gzip, bad UTF-8) always raise.
+"""
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+
+from .errors import DataError
+
+ON_BAD_RECORD = ("error", "skip")
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def check_on_bad_record(value: str) -> None:
+    if value not in ON_BAD_RECORD:
+        raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {value!r}")
+
+
+def read_text(path) -> str:
+    """The file as text; gunzipped when it starts with the gzip magic bytes, whatever its suffix."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise DataError(path, None, f"cannot read file: {e.strerror or e}") from e
+    gzipped = raw[:2] == _GZIP_MAGIC
+    if gzipped:
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            raise DataError(path, None, f"corrupt gzip data: {e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = f"byte {e.start}" + (" of the gunzipped data" if gzipped else "")
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataError(path, None, f"invalid UTF-8 at {where} (line {line})") from None
+    return text.removeprefix("\ufeff")  # a byte-order mark is not part of the data
+
+
+def is_text(value) -> bool:
+    """A string with a non-space character (checked only: the string itself is kept as is)."""
+    return isinstance(value, str) and bool(value.strip())
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not an offset
+
+
+def collect(items: Iterable, on_bad_record: str, records: list, skipped: list[tuple[str, str]]) -> None:
+    """Append each record; raise each `DataError`, or under `skip` list it as (record, reason)."""
+    for item in items:
+        if not isinstance(item, DataError):
+            records.append(item)
+        elif on_bad_record == "error":
+            raise item
+        else:
+            skipped.append((str(item.record), item.reason))
+
+
+def duplicate(seen: dict[str, tuple[str, str]], record_id: str, path: str) -> str | None:
+    """The reason a record id is a repeat, or None; `seen` maps id -> (path, where)."""
+    if record_id not in seen:
+        return None
+    first_path, first_where = seen[record_id]
+    elsewhere = f" of {first_path}" if first_path != path else ""
+    return f"duplicate id (first at {first_where}{elsewhere})"

@@ -1,0 +1,82 @@
+"""The tagging run config: its `data` section and cross-field checks."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config import ModelConfig, RunConfig, TrainConfig, choice
+from ..errors import ConfigError
+
+
+@dataclass
+class TaggingDataConfig:
+    train_file: str | list | None = None
+    """CoNLL (CoNLL-2003, WNUT-17, any column layout) or CoNLL-U file(s), plain or gzip; a list is
+    read as shards of one set."""
+    eval_file: str | list | None = None
+    """Evaluation file used for periodic evaluation and best-checkpoint selection."""
+    format: str = "auto"
+    """`conll`, `conllu`, or `auto` (CoNLL-U by suffix or by its 10 tab-separated columns)."""
+    tag: str = "upos"
+    """CoNLL-U: the column to learn, `upos` or `xpos`."""
+    word_column: int = 0
+    """CoNLL: the column holding the word."""
+    tag_column: int = -1
+    """CoNLL: the column holding the tag (negative counts from the end: CoNLL-2003's NER is -1)."""
+    scheme: str = "auto"
+    """Tag scheme of the files: `iob1`, `iob2`, `bioes` (entity tags, validated), `none` (POS and other
+    per-word labels), or `auto` (CoNLL-U: none; CoNLL: detected, IOB1 converted to IOB2)."""
+    label_scheme: str = "auto"
+    """Entity tags the model learns and predicts: `iob2`, `bioes` (converted from the files' scheme),
+    or `auto` (the files' scheme after IOB1 -> IOB2). Metrics are entity-level either way."""
+    label_subtokens: str = "first"
+    """`first`: a word's label sits on its first sub-token (the others carry no loss), and its
+    prediction is read there; `all`: continuation sub-tokens are trained too (B-X -> I-X on them)."""
+    max_seq_len: int = 256
+    """Tokens per window, special tokens included; longer sentences get sliding windows."""
+    stride: int = 64
+    """At least this many tokens of context shared by consecutive windows of a long sentence."""
+    on_bad_record: str = "error"
+    """`error` stops at the first malformed sentence; `skip` drops it and counts it in the summary."""
+    max_train_examples: int | None = None
+    """Use only the first N training sentences (file order)."""
+    max_eval_examples: int | None = None
+    """Use only the first N evaluation sentences (file order)."""
+
+    def read_options(self) -> dict:
+        """Keyword options of `posbias.tagging.readers.read_tagging` this section sets."""
+        return {"format": self.format, "tag": self.tag, "word_column": self.word_column,
+                "tag_column": self.tag_column, "scheme": self.scheme}
+
+
+@dataclass
+class TaggingConfig(RunConfig):
+    """A token-classification run: `posbias train tagging`."""
+
+    task: str = "tagging"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: TaggingDataConfig = field(default_factory=TaggingDataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    perturb: list = field(default_factory=list)
+    """Training-time input perturbations, each `{name: ..., options...}`."""
+
+    def validate(self) -> None:
+        """Tagging checks; each error names the dotted key(s) to change."""
+        d, m = self.data, self.model
+        if m.head is None:
+            m.head = "linear"
+        choice(m.head, ["linear"], "model.head")
+        unknown = set(m.head_options) - {"dropout"}
+        if unknown:
+            raise ConfigError(f"model.head_options: unknown option {sorted(unknown)[0]!r} for the linear "
+                              "token head (dropout)")
+        choice(d.format, ["auto", "conll", "conllu"], "data.format")
+        choice(d.tag, ["upos", "xpos"], "data.tag")
+        choice(d.scheme, ["auto", "iob1", "iob2", "bioes", "none"], "data.scheme")
+        choice(d.label_scheme, ["auto", "iob2", "bioes"], "data.label_scheme")
+        choice(d.label_subtokens, ["first", "all"], "data.label_subtokens")
+        if d.stride < 0:
+            raise ConfigError(f"data.stride must be >= 0, got {d.stride}")
+        # Room for content tokens: max_seq_len minus at most 4 special tokens; the overlap must
+        # leave each window new tokens, or a long sentence's windows would never advance.
+        if d.max_seq_len - 4 <= d.stride:
+            raise ConfigError(f"data.stride ({d.stride}) must be < data.max_seq_len - 4 ({d.max_seq_len - 4})")

@@ -1,0 +1,195 @@
+"""Run a tagger over windows, read each word's prediction at its first sub-token, score, write files.
+
+Used by training (periodic evaluation, through `posbias.tagging.task`) and by
+`posbias evaluate/predict tagging`.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..batching import move
+from ..errors import ConfigError
+from ..utils import atomic_write_json, atomic_write_text
+from . import metrics
+from .collate import collate
+from .examples import TaggingDataset, TaggingExample
+from .features import TaggingFeatures, build_tagging_features
+
+WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)  # raw text -> words (runs of word characters, or punctuation)
+
+
+def eval_features(examples: list[TaggingExample], tokenizer, cfg, source: str) -> TaggingFeatures:
+    d = cfg.data
+    return build_tagging_features(examples, tokenizer, labels=None, max_seq_len=d.max_seq_len, stride=d.stride,
+                                  source=source)
+
+
+def _unwrap(model):
+    return getattr(model, "module", model)
+
+
+def run_windows(model, features: TaggingFeatures, n_words: np.ndarray, *, pad_id: int, padding_side: str,
+                batch_size: int, accelerator=None, progress: bool = True) -> np.ndarray:
+    """Predicted label id of every word, as one flat array over the sentences' words in order.
+
+    With an accelerator the windows are split across processes and the predictions gathered on
+    every process. Each word is predicted by exactly one window (`features.predict`).
+    """
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    device = accelerator.device if accelerator else next(model.parameters()).device
+    offsets = np.r_[0, np.cumsum(n_words)[:-1]]  # first flat index of each sentence's words
+    out = np.full(int(n_words.sum()), -1, dtype=np.int64)
+    # Longest first: similar lengths share a batch, so dynamic padding wastes little.
+    order = np.argsort(-features.lengths, kind="stable")[rank::world]
+    was_training = model.training
+    model.eval()
+    flat, labels = [], []
+    with torch.inference_mode():
+        for b in tqdm(range(0, len(order), batch_size), desc="eval", leave=False,
+                      disable=not progress or rank != 0):
+            idx = order[b:b + batch_size]
+            batch = collate(features, idx, pad_id=pad_id, padding_side=padding_side)
+            pick = batch["predict"]  # (b, s) bool
+            logits = model(move(batch, device))["logits"]  # (b, s, c)
+            label = logits[pick.to(device)].argmax(-1).cpu().numpy()  # (words in batch,)
+            rows = np.nonzero(pick.numpy())[0]
+            sent = features.example_index[idx[rows]]
+            flat.append(offsets[sent] + batch["word_index"][pick].numpy())
+            labels.append(label)
+    model.train(was_training)
+    flat = np.concatenate(flat) if flat else np.zeros(0, np.int64)
+    labels = np.concatenate(labels) if labels else np.zeros(0, np.int64)
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        for f, lab in gather_object([(flat, labels)]):
+            out[f] = lab
+    else:
+        out[flat] = labels
+    if (out < 0).any():
+        raise RuntimeError(f"{int((out < 0).sum())} words got no prediction: a windowing bug")
+    return out
+
+
+def predict_examples(model, tokenizer, cfg, examples: list[TaggingExample], *, source: str, accelerator=None,
+                     progress: bool = True) -> list[list[str]]:
+    """Predicted tags of every sentence."""
+    feats = eval_features(examples, tokenizer, cfg, source)
+    n_words = np.array([len(e.words) for e in examples], dtype=np.int64)
+    ids = run_windows(model, feats, n_words, pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side,
+                      batch_size=cfg.train.eval_batch_size, accelerator=accelerator, progress=progress)
+    labels = np.array(_unwrap(model).labels, dtype=object)[ids]
+    bounds = np.cumsum(n_words)[:-1]
+    return [list(x) for x in np.split(labels, bounds)]
+
+
+def evaluate_dataset(model, tokenizer, cfg, dataset: TaggingDataset, out_dir=None, *, accelerator=None,
+                     progress: bool = True) -> dict:
+    """Predict, score and (main process) write predictions.conll (word, gold, predicted) and metrics.json."""
+    net = _unwrap(model)
+    if (dataset.scheme == "none") != (net.scheme == "none"):
+        raise ConfigError(f"{dataset.path} has {dataset.scheme} tags but the model predicts {net.scheme} ones")
+    preds = predict_examples(model, tokenizer, cfg, dataset.examples, source=dataset.path, accelerator=accelerator,
+                             progress=progress)
+    examples = dataset.examples
+    if dataset.scheme != net.scheme:
+        # Entity tags in another scheme (IOB2 data, BIOES model): the gold side is converted (it is
+        # well formed; predictions need not be), entities are the same either way.
+        from .schemes import convert
+
+        examples = [TaggingExample(e.id, e.words, convert(e.tags, dataset.scheme, net.scheme), e.meta)
+                    for e in examples]
+    gold = [e.tags for e in examples]
+    result = metrics.score(gold, preds, net.scheme)
+    result["skipped_records"] = len(dataset.skipped)
+    unknown = sorted({t for s in gold for t in s} - set(net.labels))
+    if unknown:
+        result["gold_tags_unknown_to_model"] = unknown
+    if out_dir is not None and (accelerator is None or accelerator.is_main_process):
+        write_predictions(out_dir, examples, preds)
+        atomic_write_json(Path(out_dir) / "metrics.json", result)
+    return result
+
+
+def write_predictions(out_dir, examples: list[TaggingExample], preds: list[list[str]]) -> None:
+    """predictions.conll: `word gold predicted` per line (or `word predicted` without gold), a blank
+    line between sentences — `posbias score tagging` reads it back."""
+    lines = []
+    for e, p in zip(examples, preds):
+        for k, (w, t) in enumerate(zip(e.words, p)):
+            lines.append(f"{w}\t{e.tags[k]}\t{t}" if e.tags is not None else f"{w}\t{t}")
+        lines.append("")
+    atomic_write_text(Path(out_dir) / "predictions.conll", "\n".join(lines) + "\n")
+
+
+def evaluate_checkpoint(model, data, output_dir=None, overrides=None, progress: bool = True) -> dict:
+    """Score a checkpoint (posbias or Hugging Face token-classification folder) on a tagging file;
+    writes predictions, metrics and the run's config/versions into `output_dir` when given."""
+    from ..checkpoint import eval_config, load_checkpoint, write_run_meta
+    from .task import read_for
+
+    net, tokenizer, mcfg = load_checkpoint(model, task="tagging")
+    cfg = eval_config(mcfg, overrides)
+    ds = read_for(data, cfg)
+    if cfg.data.max_eval_examples:
+        ds.examples = ds.examples[: cfg.data.max_eval_examples]
+    t0 = time.time()
+    result = evaluate_dataset(net, tokenizer, cfg, ds, output_dir, progress=progress)
+    if output_dir is not None:
+        write_run_meta(output_dir, cfg, "evaluate", model, ds.path, t0, skipped=ds.skipped)
+    return result
+
+
+def split_words(text: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """Raw text -> words and their character spans."""
+    spans = [m.span() for m in WORD.finditer(text)]
+    return [text[a:b] for a, b in spans], spans
+
+
+def predict_checkpoint(model, text: str | None = None, data=None, output_dir=None, overrides=None,
+                       progress: bool = False) -> dict:
+    """Tag raw `text` or every sentence of `data`.
+
+    Returns id -> {"words", "tags", "entities"}; for text (id "text") each entity is
+    {"type", "start_char", "end_char", "text", "words": [first, last + 1]}. With `output_dir`, also
+    writes predictions.conll and predictions.jsonl.
+    """
+    from ..checkpoint import eval_config, load_checkpoint, write_run_meta
+    from .task import read_for
+
+    if (text is None) == (data is None):
+        raise ConfigError("predict tagging needs either text or data")
+    net, tokenizer, mcfg = load_checkpoint(model, task="tagging")
+    cfg = eval_config(mcfg, overrides)
+    t0 = time.time()
+    spans, skipped = None, []
+    if data is not None:
+        ds = read_for(data, cfg)
+        examples, source, skipped = ds.examples, ds.path, ds.skipped
+    else:
+        words, spans = split_words(text)
+        if not words:
+            raise ConfigError("text has no words to tag")
+        examples, source = [TaggingExample("text", words)], "<command line>"
+    preds = predict_examples(net, tokenizer, cfg, examples, source=source, progress=progress)
+    result = {}
+    for e, p in zip(examples, preds):
+        ents = metrics.entities([p], net.scheme)[0] if net.scheme != "none" else []
+        items = [{"type": t, "words": [a, b], "text": " ".join(e.words[a:b])} for t, a, b in ents]
+        if spans is not None:
+            for item, (t, a, b) in zip(items, ents):
+                item.update(start_char=spans[a][0], end_char=spans[b - 1][1], text=text[spans[a][0]:spans[b - 1][1]])
+        result[e.id] = {"words": e.words, "tags": p, "entities": items}
+    if output_dir is not None:
+        write_predictions(output_dir, [TaggingExample(e.id, e.words) for e in examples], preds)
+        atomic_write_text(Path(output_dir) / "predictions.jsonl",
+                          "".join(json.dumps({"id": k, **v}, ensure_ascii=False) + "\n" for k, v in result.items()))
+        write_run_meta(output_dir, cfg, "predict", model, source, t0, skipped=skipped)
+    return result

@@ -1,0 +1,52 @@
+"""The example types every tagging reader produces and every later stage consumes (read-only)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TaggingExample:
+    """One sentence: its words and their gold tags.
+
+    Attributes:
+        id: unique within a dataset: the CoNLL-U `sent_id` when present, else `<file name>:<line>`
+            of the sentence's first word line.
+        words: the sentence's words (CoNLL-U: syntactic words, multiword-token ranges resolved).
+        tags: one gold tag per word (IOB2 / BIOES entity tags, or POS tags); None when unlabelled.
+        meta: reader extras: `line` (first word line, 1-based), `doc` (document index after
+            `-DOCSTART-`), `text` (CoNLL-U `# text`), `multiword` ({first word index: (last, surface)}).
+    """
+
+    id: str
+    words: list[str]
+    tags: list[str] | None = None
+    meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+
+@dataclass
+class TaggingDataset:
+    """What a reader returns: the sentences plus an account of what it read and skipped.
+
+    Attributes:
+        path: the file read (several joined with ", ").
+        format: "conll" or "conllu".
+        scheme: the tag scheme of `examples[*].tags`: "iob2", "bioes" (entity tags, after any
+            conversion) or "none" (POS and other per-word labels).
+        source_scheme: the scheme found in the file before conversion (e.g. "iob1").
+        examples: the valid sentences, in file order.
+        skipped: (record, reason) for each sentence dropped under `on_bad_record: skip`.
+    """
+
+    path: str
+    format: str
+    scheme: str
+    examples: list[TaggingExample]
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    source_scheme: str | None = None
+
+    def tag_set(self) -> list[str]:
+        """Sorted distinct gold tags."""
+        return sorted({t for e in self.examples for t in (e.tags or [])})

@@ -1,0 +1,135 @@
+"""Tagging model: an encoder (any local Hugging Face checkpoint or one built from a config, BERT,
+ELECTRA, ERNIE, RoBERTa, RoFormer, GPT-2, BLOOM, ...) + a linear token head; loading of Hugging Face
+`*ForTokenClassification` folders; export to AutoModelForTokenClassification.
+
+Shape legend: b batch, s sequence, d hidden, c labels.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..encoders import (EncoderInputs, check_exportable, encoder_from_config, from_pretrained_quietly, load_encoder,
+                        open_tokenizer, position_ids)
+from ..errors import ConfigError
+from .features import IGNORE
+
+
+class TaggerModel(nn.Module):
+    """encoder + dropout + Linear(d, c); `forward(batch, targets=None)` returns logits (b, s, c) and,
+    given targets {"labels": (b, s)}, the mean cross-entropy over labelled tokens (HF's
+    *ForTokenClassification loss)."""
+
+    head_name = "linear"
+
+    def __init__(self, encoder: nn.Module, labels: list[str], scheme: str, dropout: float | None = None):
+        super().__init__()
+        self.encoder = encoder
+        self.labels = list(labels)
+        self.scheme = scheme
+        if dropout is None:  # as HF: classifier_dropout if set, else the encoder's hidden dropout
+            config = encoder.config
+            dropout = getattr(config, "classifier_dropout", None)
+            if dropout is None:
+                dropout = getattr(config, "hidden_dropout_prob", getattr(config, "hidden_dropout", 0.1))
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(encoder.config.hidden_size, len(labels))
+        self._inputs = EncoderInputs(encoder, use_token_types=False)  # one segment: the encoder's default
+        self.position_base, self.position_pad = self._inputs.base, self._inputs.pad
+
+    def position_ids(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(b, s) positions counted over real tokens only, so left padding does not shift them."""
+        return position_ids(attention_mask, self.position_base, self.position_pad)
+
+    def forward(self, batch: dict, targets: dict | None = None) -> dict:
+        hidden = self._inputs(self.encoder, batch)  # (b, s, d)
+        logits = self.classifier(self.dropout(hidden))  # (b, s, c)
+        out = {"logits": logits}
+        if targets is not None:
+            out["loss"] = F.cross_entropy(logits.float().flatten(0, 1), targets["labels"].flatten(),
+                                          ignore_index=IGNORE)
+        return out
+
+    def meta(self) -> dict:
+        """What a checkpoint needs, besides the config, to rebuild this model."""
+        return {"head": self.head_name, "labels": self.labels, "scheme": self.scheme,
+                "dropout": self.dropout.p}
+
+
+def build_model(mcfg, tokenizer, labels: list[str], scheme: str) -> TaggerModel:
+    """A fresh model for training: pretrained encoder weights (or random from `model.encoder`)."""
+    encoder = load_encoder(mcfg, tokenizer)
+    return TaggerModel(encoder, labels, scheme, dropout=mcfg.head_options.get("dropout"))
+
+
+def model_from_checkpoint(path: str, cfg, meta: dict):
+    """(model with random weights, tokenizer) shaped as the posbias checkpoint in `path`."""
+    from transformers import AutoConfig
+
+    from .task import tagging_tokenizer
+
+    tokenizer = tagging_tokenizer(path)
+    encoder = encoder_from_config(AutoConfig.from_pretrained(path, local_files_only=True))
+    return TaggerModel(encoder, meta["labels"], meta["scheme"], dropout=meta.get("dropout")), tokenizer
+
+
+def scheme_of_labels(labels: list[str]) -> str:
+    """`bioes`, `iob2` or `none`, from a label list's prefixes (for Hugging Face folders)."""
+    prefixes = {t.split("-", 1)[0] for t in labels if "-" in t and t.split("-", 1)[0] in "BIES"}
+    if prefixes & {"E", "S"}:
+        return "bioes"
+    if prefixes and all(t == "O" or ("-" in t and t[0] in "BI") for t in labels):
+        return "iob2"
+    return "none"
+
+
+def load_hf_tagger(path: str, config):
+    """A Hugging Face AutoModelForTokenClassification folder as (TaggerModel, tokenizer, run config);
+    labels from its config's id2label, the scheme from their prefixes."""
+    from transformers import AutoModelForTokenClassification
+
+    from ..config import build_config
+    from .task import tagging_tokenizer
+
+    hf = from_pretrained_quietly(AutoModelForTokenClassification, path, "checkpoint")
+    classifier = getattr(hf, "classifier", None)
+    if not isinstance(classifier, nn.Linear):
+        raise ConfigError(f"{path}: {type(hf).__name__} has no linear `classifier` layer; only linear token "
+                          "heads can be imported")
+    labels = [config.id2label[i] for i in range(config.num_labels)]
+    encoder = getattr(hf, hf.base_model_prefix)
+    model = TaggerModel(encoder, labels, scheme_of_labels(labels))
+    model.classifier.load_state_dict(classifier.state_dict())
+    cfg = build_config({"task": "tagging", "model": {"name_or_path": path}})
+    return model, tagging_tokenizer(path), cfg
+
+
+def export_hf(checkpoint, out_dir) -> Path:
+    """Turn a posbias tagging checkpoint into an AutoModelForTokenClassification folder (labels in
+    its config's id2label / label2id)."""
+    from transformers import AutoModelForTokenClassification
+
+    from ..checkpoint import load_checkpoint
+
+    model, tokenizer, _ = load_checkpoint(checkpoint, task="tagging")
+    config = check_exportable(model.encoder, checkpoint)
+    config.architectures = None
+    config.num_labels = len(model.labels)
+    config.id2label = dict(enumerate(model.labels))
+    config.label2id = {t: i for i, t in enumerate(model.labels)}
+    hf = AutoModelForTokenClassification.from_config(config)
+    base = getattr(hf, hf.base_model_prefix)
+    missing, unexpected = base.load_state_dict(model.encoder.state_dict(), strict=False)
+    if unexpected or any("pooler" not in k for k in missing):
+        raise ConfigError(f"cannot map encoder weights onto {type(hf).__name__}: missing {missing}, "
+                          f"unexpected {unexpected}")
+    if not isinstance(getattr(hf, "classifier", None), nn.Linear):
+        raise ConfigError(f"{type(hf).__name__} has no linear `classifier` layer to take the token head")
+    hf.classifier.load_state_dict(model.classifier.state_dict())
+    out = Path(out_dir)
+    hf.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    return out

@@ -1,0 +1,131 @@
+"""The tagging task: how the shared training loop, checkpoints and experiments talk to token
+classification (NER with entity tags, POS with per-word labels).
+
+See the task protocol in `posbias.training`.
+"""
+from __future__ import annotations
+
+from ..config import resolve_path
+from .config import TaggingConfig
+
+
+def tagging_tokenizer(path: str):
+    """A fast tokenizer for word-split input: byte-level BPE (RoBERTa, GPT-2, BLOOM) must see a
+    space before every word, as in running text, or each word is tokenized as a text start."""
+    from ..encoders import open_tokenizer
+
+    try:
+        return open_tokenizer(path, add_prefix_space=True)
+    except Exception:  # noqa: BLE001  a tokenizer class that takes no such option
+        return open_tokenizer(path)
+
+
+def read_for(spec, cfg):
+    """A tagging file (or shards) read with the config's data options, tags converted to
+    `data.label_scheme` when one is set."""
+    from .readers import read_tagging
+    from .schemes import convert
+
+    d = cfg.data
+    paths = [resolve_path(p) for p in spec] if isinstance(spec, (list, tuple)) else resolve_path(spec)
+    ds = read_tagging(paths, on_bad_record=d.on_bad_record, **d.read_options())
+    if d.label_scheme != "auto" and ds.scheme != d.label_scheme:
+        if ds.scheme == "none":
+            from ..errors import ConfigError
+
+            raise ConfigError(f"data.label_scheme {d.label_scheme!r}: {ds.path} has no entity tags (scheme none)")
+        for e in ds.examples:
+            e.tags = convert(e.tags, ds.scheme, d.label_scheme)
+        ds.scheme = d.label_scheme
+    return ds
+
+
+def label_list(dataset) -> list[str]:
+    """The model's labels: "O" first (entity schemes), then the training tags sorted."""
+    tags = dataset.tag_set()
+    return (["O"] if "O" in tags else []) + [t for t in tags if t != "O"]
+
+
+class TaggingTask:
+    name = "tagging"
+    config_class = TaggingConfig
+    hf_suffix = "ForTokenClassification"
+    unit = "sentence"
+
+    def load_tokenizer(self, cfg):
+        from ..encoders import local_dir
+        from ..errors import ConfigError
+
+        m = cfg.model
+        spec = m.tokenizer or m.name_or_path
+        if not spec:
+            raise ConfigError("model.tokenizer must be set when the encoder is built from model.encoder")
+        return tagging_tokenizer(local_dir(resolve_path(spec), "model.tokenizer" if m.tokenizer else
+                                           "model.name_or_path"))
+
+    def read(self, spec, cfg):
+        return read_for(spec, cfg)
+
+    def run_info(self, cfg, train_ds) -> dict:
+        return {"labels": label_list(train_ds), "scheme": train_ds.scheme, "source_scheme": train_ds.source_scheme}
+
+    def train_features(self, examples, tokenizer, cfg, train_ds):
+        from .features import build_tagging_features
+
+        d = cfg.data
+        return build_tagging_features(examples, tokenizer, labels=label_list(train_ds), scheme=train_ds.scheme,
+                                      max_seq_len=d.max_seq_len, stride=d.stride,
+                                      label_subtokens=d.label_subtokens, source=train_ds.path)
+
+    def build_model(self, cfg, tokenizer, train_ds):
+        from .model import build_model
+
+        return build_model(cfg.model, tokenizer, label_list(train_ds), train_ds.scheme)
+
+    def collate(self, features, idx, tokenizer, *, with_labels: bool = False) -> dict:
+        from .collate import collate
+
+        return collate(features, idx, pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side,
+                       with_labels=with_labels)
+
+    def targets(self, batch: dict) -> dict:
+        return {"labels": batch["labels"]}
+
+    def evaluate(self, model, tokenizer, cfg, dataset, out_dir=None, *, accelerator=None, progress=True) -> dict:
+        from .evaluate import evaluate_dataset
+
+        return evaluate_dataset(model, tokenizer, cfg, dataset, out_dir, accelerator=accelerator, progress=progress)
+
+    def main_metric(self, result: dict) -> tuple[str, float]:
+        from .metrics import main_metric
+
+        return main_metric(result)
+
+    def load_model(self, path: str, cfg, meta: dict):
+        from .model import model_from_checkpoint
+
+        return model_from_checkpoint(path, cfg, meta)
+
+    def load_hf(self, path: str, config):
+        from .model import load_hf_tagger
+
+        return load_hf_tagger(path, config)
+
+    def evaluate_checkpoint(self, model, data, output_dir=None, overrides=None, progress=True) -> dict:
+        from .evaluate import evaluate_checkpoint
+
+        return evaluate_checkpoint(model, data, output_dir, overrides=overrides, progress=progress)
+
+    def example_scores(self, dataset, eval_dir, run_info: dict) -> dict:
+        """Sentence id -> (numerator, denominator) of the main metric (see
+        `posbias.tagging.metrics.sentence_ratios`), from the predictions in `eval_dir`."""
+        from pathlib import Path
+
+        from .metrics import sentence_ratios
+        from .readers import read_tagging
+
+        pred = read_tagging(str(Path(eval_dir) / "predictions.conll"), format="conll", tag_column=-1, scheme="none")
+        gold = read_tagging(str(Path(eval_dir) / "predictions.conll"), format="conll", tag_column=-2, scheme="none")
+        scheme = run_info.get("scheme", "none")
+        ratios = sentence_ratios([e.tags for e in gold.examples], [e.tags for e in pred.examples], scheme)
+        return {e.id: r for e, r in zip(dataset.examples, ratios)}

@@ -1,0 +1,176 @@
+"""Tagging through the CLI and the API: train -> evaluate -> score -> predict -> export, resume,
+data stats, bad input, two processes."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+import posbias
+from posbias.config import build_config, config_from
+from posbias.registry import PERTURBATIONS
+
+BIN = Path(sys.executable).parent
+
+
+def run_cli(*args, **kw):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([str(BIN / "posbias"), *args], capture_output=True, text=True, env=env, timeout=300, **kw)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """`posbias train tagging -c tiny_tagging` on the bundled WNUT-17 slice, through the CLI."""
+    out = tmp_path_factory.mktemp("tagging") / "run"
+    r = run_cli("train", "tagging", "-c", "tiny_tagging", f"train.output_dir={out}", "train.max_steps=6",
+                "train.eval_every=3", "data.max_eval_examples=60")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, json.loads(r.stdout)
+
+
+def test_train_writes_its_files(trained):
+    run, summary = trained
+    for f in ["config.yaml", "run_info.json", "train_log.jsonl", "eval_log.jsonl", "data_order/epoch-0.json",
+              "position_updates.json", "best/model.safetensors", "best/posbias.yaml", "best/posbias_model.json",
+              "best/tokenizer.json", "best/config.json", "checkpoints/last/training_state.pt",
+              "eval/predictions.conll", "eval/metrics.json"]:
+        assert (run / f).is_file(), f
+    info = json.loads((run / "run_info.json").read_text(encoding="utf-8"))
+    assert info["task"] == "tagging" and info["status"] == "finished" and info["scheme"] == "iob2"
+    assert info["labels"][0] == "O" and "B-location" in info["labels"] and "torch" in info["versions"]
+    assert summary["metric"] == "f1" and summary["best_step"] in (3, 6) and "best_f1" in summary
+    steps = [json.loads(x)["step"] for x in (run / "eval_log.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert steps == [3, 6]
+    updates = json.loads((run / "position_updates.json").read_text(encoding="utf-8"))
+    assert updates["steps"] == 6 and updates["counts"][0] == 6  # [CLS] at position 0 in every step
+    lines = (run / "eval" / "predictions.conll").read_text(encoding="utf-8").split("\n\n")
+    assert len([b for b in lines if b.strip()]) == 60
+
+
+def test_evaluate_score_and_predict(trained, tmp_path):
+    run, summary = trained
+    r = run_cli("evaluate", "tagging", "--model", str(run / "best"), "--data", "demo:wnut-dev",
+                "--output-dir", str(tmp_path / "ev"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout)
+    assert res["sentences"] == 150 and {"precision", "recall", "f1", "per_class"} <= set(res)
+    for f in ("predictions.conll", "metrics.json", "config.yaml", "run_info.json"):
+        assert (tmp_path / "ev" / f).is_file(), f
+    # Scoring the written predictions without the model gives the same numbers.
+    r = run_cli("score", "tagging", "--data", "demo:wnut-dev", "--predictions", str(tmp_path / "ev" / "predictions.conll"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    scored = json.loads(r.stdout)
+    assert scored["f1"] == pytest.approx(res["f1"]) and scored["entities"] == res["entities"]
+    # The best checkpoint reproduces the training-time evaluation (on the same 60 sentences).
+    again = posbias.evaluate(run / "best", "demo:wnut-dev", overrides=["data.max_eval_examples=60"])
+    assert again["f1"] == pytest.approx(summary["best_f1"])
+
+    text = "Yesterday Angela Merkel met Emmanuel Macron in Paris ."
+    r = run_cli("predict", "tagging", "--model", str(run / "best"), "--text", text)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["words"][:3] == ["Yesterday", "Angela", "Merkel"] and len(out["tags"]) == len(out["words"])
+    for ent in out["entities"]:
+        assert text[ent["start_char"]:ent["end_char"]] == ent["text"]
+    res = posbias.predict(run / "best", data="demo:wnut-dev", output_dir=tmp_path / "pred")
+    assert len(res) == 150 and (tmp_path / "pred" / "predictions.jsonl").is_file()
+    first = json.loads((tmp_path / "pred" / "predictions.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    assert len(first["words"]) == len(first["tags"])
+
+
+def test_export_and_wrong_task_errors(trained, tmp_path):
+    run, _ = trained
+    r = run_cli("export", "--model", str(run / "best"), "--out", str(tmp_path / "hf"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "hf" / "config.json").read_text(encoding="utf-8"))["architectures"] == [
+        "BertForTokenClassification"]
+    r = run_cli("evaluate", "qa", "--model", str(run / "best"), "--data", "demo:dev")
+    assert r.returncode == 2 and "is a tagging model, not a qa one" in r.stderr
+    r = run_cli("train", "qa", "-c", "tiny_tagging")
+    assert r.returncode == 2 and "posbias train tagging" in r.stderr
+    r = run_cli("predict", "tagging", "--model", str(run / "best"))
+    assert r.returncode == 2 and "--text or --data" in r.stderr
+
+
+def test_data_stats(tmp_path):
+    r = run_cli("data", "stats", "--data", "demo:ewt-dev", "demo:wnut-dev", "--output-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "150 sentences" in r.stdout and "| NOUN |" in r.stdout and "| location |" in r.stdout
+    stats = json.loads((tmp_path / "stats.json").read_text(encoding="utf-8"))
+    assert [s["sentences"] for s in stats] == [150, 150] and stats[1]["class_unit"] == "entities"
+    assert 0 < stats[0]["length"]["share_le_25"] <= 1
+
+
+def test_bad_training_file_is_one_line_naming_file_and_line(tmp_path):
+    bad = tmp_path / "bad.conll"
+    bad.write_text("John B-PER\nlives O\n\nParis Q-LOC\n", encoding="utf-8")
+    r = run_cli("train", "tagging", "-c", "tiny_tagging", f"data.train_file={bad}", "data.eval_file=null",
+                f"train.output_dir={tmp_path / 'run'}")
+    assert r.returncode == 2 and "bad.conll" in r.stderr and "line 4" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("train", "tagging", "-c", "tiny_tagging", f"data.train_file={bad}", "data.eval_file=null",
+                "data.on_bad_record=skip", f"train.output_dir={tmp_path / 'run2'}", "train.max_steps=1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    info = json.loads((tmp_path / "run2" / "run_info.json").read_text(encoding="utf-8"))
+    assert info["train_skipped_records"] == 1
+
+
+_INTERRUPT = {"at": None, "calls": 0}
+
+
+@PERTURBATIONS.register("_test_interrupt_tagging")
+def _interrupt(options, cfg, key="perturb[0]"):
+    def apply(batch, gen):
+        _INTERRUPT["calls"] += 1
+        if _INTERRUPT["at"] is not None and _INTERRUPT["calls"] == _INTERRUPT["at"]:
+            raise KeyboardInterrupt
+        return batch
+    return apply
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path):
+    d = config_from("tiny_tagging").to_dict()
+    d["train"].update(output_dir=str(tmp_path / "run"), max_steps=5, save_every=1)
+    d["data"]["eval_file"] = None
+    d["perturb"] = [{"name": "_test_interrupt_tagging"}]
+    cfg = build_config(d)
+    _INTERRUPT.update(at=3, calls=0)
+    with pytest.raises(KeyboardInterrupt):
+        posbias.train(cfg, progress=False)
+    _INTERRUPT.update(at=None, calls=0)
+    assert posbias.train(cfg, resume="auto", progress=False)["steps"] == 5 and _INTERRUPT["calls"] == 3
+    d["train"]["output_dir"] = str(tmp_path / "fresh")
+    posbias.train(build_config(d), progress=False)
+    a = load_file(str(tmp_path / "run" / "best" / "model.safetensors"))
+    b = load_file(str(tmp_path / "fresh" / "best" / "model.safetensors"))
+    # Same process, one thread, same kernels: a resumed run must match bit for bit.
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_two_process_tagging_with_torchrun(tmp_path):
+    cfg = config_from("tiny_tagging").to_dict()
+    cfg["train"].update(output_dir=str(tmp_path / "run"), max_steps=3, eval_every=3)
+    cfg["data"]["max_eval_examples"] = 50
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port),
+                        "-m", "posbias", "train", "tagging", "-c", str(path)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads((tmp_path / "run" / "run_info.json").read_text(encoding="utf-8"))
+    assert info["world_size"] == 2 and info["summary"]["steps"] == 3
+    metrics = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text(encoding="utf-8"))
+    assert metrics["sentences"] == 50  # both ranks' windows were gathered: every word predicted
+    single = posbias.evaluate(tmp_path / "run" / "best", "demo:wnut-dev", overrides=["data.max_eval_examples=50"])
+    assert single["f1"] == pytest.approx(metrics["f1"])
