@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import posbias  # noqa: E402
 from posbias.analysis.stats import mean_std  # noqa: E402
 from posbias.batching import batch_order  # noqa: E402
-from posbias.config import build_config, config_from, resolve_path  # noqa: E402
+from posbias.config import config_from, resolve_path  # noqa: E402
 from posbias.tagging.collate import collate  # noqa: E402
 from posbias.tagging.evaluate import eval_features, evaluate_dataset  # noqa: E402
 from posbias.tagging.task import label_list, read_for, tagging_tokenizer  # noqa: E402

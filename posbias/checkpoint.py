@@ -121,3 +121,23 @@ def checkpoint_task(path) -> str:
             return t.name
     suffixes = " or ".join(f"*{t.hf_suffix}" for t in all_tasks())
     raise ConfigError(f"{path}: config.json architectures {archs} has no {suffixes} model")
+
+
+def evaluate_file(model, data, output_dir, overrides, task: str, evaluate, progress: bool = True) -> dict:
+    """`posbias evaluate`: load a checkpoint, read `data` with its config (+ overrides), run
+    `evaluate(net, tokenizer, cfg, dataset, output_dir, progress=...)`, write the run's config,
+    seed and versions next to the outputs."""
+    import time
+
+    from .tasks import get_task
+
+    net, tokenizer, mcfg = load_checkpoint(model, task=task)
+    cfg = eval_config(mcfg, overrides)
+    ds = get_task(task).read(data, cfg)
+    if cfg.data.max_eval_examples:
+        ds.examples = ds.examples[: cfg.data.max_eval_examples]
+    t0 = time.time()
+    result = evaluate(net, tokenizer, cfg, ds, output_dir, progress=progress)
+    if output_dir is not None:
+        write_run_meta(output_dir, cfg, "evaluate", model, ds.path, t0, skipped=ds.skipped)
+    return result

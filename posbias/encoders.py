@@ -185,6 +185,23 @@ class EncoderInputs:
         return encoder(**kwargs).last_hidden_state
 
 
+def hf_task_model(auto_cls, encoder, checkpoint, **config_updates):
+    """A fresh Hugging Face task model (`auto_cls`, e.g. AutoModelForTokenClassification) whose base
+    model holds `encoder`'s weights; its task layer is left for the caller to fill."""
+    config = check_exportable(encoder, checkpoint)
+    config.architectures = None
+    for k, v in config_updates.items():
+        setattr(config, k, v)
+    hf = auto_cls.from_config(config)
+    base = getattr(hf, hf.base_model_prefix)
+    missing, unexpected = base.load_state_dict(encoder.state_dict(), strict=False)
+    # Only a pooler the task model does not use may be missing.
+    if unexpected or any("pooler" not in k for k in missing):
+        raise ConfigError(f"cannot map encoder weights onto {type(hf).__name__}: missing {missing}, "
+                          f"unexpected {unexpected}")
+    return hf
+
+
 def check_exportable(encoder, checkpoint):
     """The encoder's config, if a plain transformers model can reproduce it; posbias's relative
     position attention has no transformers 5 equivalent, so such a checkpoint cannot be exported."""

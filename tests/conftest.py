@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,13 @@ TINY_ENCODER = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2,
 SHARED_DATA = Path(os.environ.get("POSBIAS_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 DEMO_DEV = str(RESOURCES / "squad_demo" / "dev.json.gz")
 DEMO_TRAIN = str(RESOURCES / "squad_demo" / "train.json.gz")
+BIN = Path(sys.executable).parent  # the venv's console scripts (posbias, torchrun)
+
+
+def run_cli(*args, **kw) -> subprocess.CompletedProcess:
+    """`posbias ARGS` in a subprocess: one thread, offline, output captured."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([str(BIN / "posbias"), *args], capture_output=True, text=True, env=env, timeout=300, **kw)
 
 
 @pytest.fixture(scope="session")
@@ -82,3 +91,27 @@ def assert_close_to_scale(actual, expected, rel: float, msg: str = "") -> None:
     """Assert max |actual - expected| <= rel * max |expected| (see `relative_error`)."""
     err = relative_error(actual, expected)
     assert err <= rel, f"{msg}: relative error {err:.3g} > {rel:g}"
+
+
+# A test perturbation that raises KeyboardInterrupt in its `at`-th call (a run killed mid-step),
+# for the resume tests of both tasks.
+INTERRUPT = {"at": None, "calls": 0}
+
+
+def _interrupt(options, cfg, key=None):
+    def apply(batch, gen):
+        INTERRUPT["calls"] += 1
+        if INTERRUPT["at"] is not None and INTERRUPT["calls"] == INTERRUPT["at"]:
+            raise KeyboardInterrupt
+        return batch
+    return apply
+
+
+def _register_interrupt():
+    from posbias.registry import PERTURBATIONS
+
+    if "_test_interrupt" not in PERTURBATIONS.names():
+        PERTURBATIONS.register("_test_interrupt")(_interrupt)
+
+
+_register_interrupt()

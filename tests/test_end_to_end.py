@@ -3,8 +3,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,16 +13,9 @@ from safetensors.torch import load_file
 import posbias
 from posbias.cli import SUBCOMMANDS
 from posbias.config import build_config
-from posbias.registry import PERTURBATIONS
 
-from conftest import DEMO_DEV, relative_error, tiny_config
+from conftest import BIN, DEMO_DEV, INTERRUPT, relative_error, run_cli, tiny_config
 
-BIN = Path(sys.executable).parent
-
-
-def run_cli(*args, **kw):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([str(BIN / "posbias"), *args], capture_output=True, text=True, env=env, timeout=300, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -121,23 +112,12 @@ def test_refuses_to_overwrite_a_run(trained):
 
 # ---- resume: an interrupted run continues from its last checkpoint and ends where an
 # uninterrupted run ends (same weights), because data order, dropout RNG and schedule are restored.
-_INTERRUPT = {"at": None, "calls": 0}
-
-
-@PERTURBATIONS.register("_test_interrupt")
-def _interrupt(options, cfg, key=None):
-    def apply(batch, gen):
-        _INTERRUPT["calls"] += 1
-        if _INTERRUPT["at"] is not None and _INTERRUPT["calls"] == _INTERRUPT["at"]:
-            raise KeyboardInterrupt
-        return batch
-    return apply
 
 
 def test_resume_continues_from_saved_step(tmp_path):
     sections = dict(train={"max_steps": 5, "save_every": 1}, data={"eval_file": None})
     cfg = build_config(tiny_config(tmp_path, **sections) | {"perturb": [{"name": "_test_interrupt"}]})
-    _INTERRUPT.update(at=3, calls=0)  # dies inside step 3, after steps 1-2 were checkpointed
+    INTERRUPT.update(at=3, calls=0)  # dies inside step 3, after steps 1-2 were checkpointed
     with pytest.raises(KeyboardInterrupt):
         posbias.train(cfg, progress=False)
     run = tmp_path / "run"
@@ -145,9 +125,9 @@ def test_resume_continues_from_saved_step(tmp_path):
     assert not (run / "checkpoints/last.tmp").exists()
     with open(run / "train_log.jsonl", "a", encoding="utf-8") as f:  # a line past the checkpoint and a cut-off one
         f.write(json.dumps({"step": 3, "loss": 1.0}) + "\n" + '{"step": 4, "lo')
-    _INTERRUPT.update(at=None, calls=0)
+    INTERRUPT.update(at=None, calls=0)
     summary = posbias.train(cfg, resume="auto", progress=False)
-    assert summary["steps"] == 5 and _INTERRUPT["calls"] == 3  # only steps 3, 4, 5 ran
+    assert summary["steps"] == 5 and INTERRUPT["calls"] == 3  # only steps 3, 4, 5 ran
     steps = [json.loads(l)["step"] for l in (run / "train_log.jsonl").read_text(encoding="utf-8").splitlines()]
     assert steps == [1, 2, 3, 4, 5]
 

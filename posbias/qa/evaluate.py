@@ -124,21 +124,9 @@ def main_metric(result: dict) -> float:
 def evaluate_checkpoint(model, data, output_dir=None, overrides=None, progress: bool = True) -> dict:
     """Score a checkpoint (posbias or Hugging Face QA folder) on a QA file; writes predictions,
     metrics and the run's config/versions into `output_dir` when given."""
-    import time
+    from ..checkpoint import evaluate_file
 
-    from ..checkpoint import eval_config, load_checkpoint, write_run_meta
-    from .readers import read_dataset
-
-    net, tokenizer, mcfg = load_checkpoint(model, task="qa")
-    cfg = eval_config(mcfg, overrides)
-    ds = read_dataset(data, cfg.data.on_bad_record)
-    if cfg.data.max_eval_examples:
-        ds.examples = ds.examples[: cfg.data.max_eval_examples]
-    t0 = time.time()
-    result = evaluate_dataset(net, tokenizer, cfg, ds, output_dir, progress=progress)
-    if output_dir is not None:
-        write_run_meta(output_dir, cfg, "evaluate", model, ds.path, t0, skipped=ds.skipped)
-    return result
+    return evaluate_file(model, data, output_dir, overrides, "qa", evaluate_dataset, progress=progress)
 
 
 def predict_checkpoint(model, question: str | None = None, context: str | None = None, data=None,

@@ -98,21 +98,13 @@ def export_hf(checkpoint, out_dir):
     from transformers import AutoModelForQuestionAnswering
 
     from ..checkpoint import load_checkpoint
-    from ..encoders import check_exportable
+    from ..encoders import hf_task_model
 
     model, tokenizer, _ = load_checkpoint(checkpoint, task="qa")
     if model.head_name != "independent":
         raise ConfigError(f"{checkpoint}: head {model.head_name!r} has no Hugging Face equivalent; "
                           "only the `independent` head can be exported")
-    config = check_exportable(model.encoder, checkpoint)
-    config.architectures = None
-    hf = AutoModelForQuestionAnswering.from_config(config)
-    base = getattr(hf, hf.base_model_prefix)
-    missing, unexpected = base.load_state_dict(model.encoder.state_dict(), strict=False)
-    # Only a pooler the QA model does not use may be missing.
-    if unexpected or any("pooler" not in k for k in missing):
-        raise ConfigError(f"cannot map encoder weights onto {type(hf).__name__}: missing {missing}, "
-                          f"unexpected {unexpected}")
+    hf = hf_task_model(AutoModelForQuestionAnswering, model.encoder, checkpoint)
     hf.qa_outputs.load_state_dict(model.head.qa_outputs.state_dict())
     out = Path(out_dir)
     hf.save_pretrained(str(out), safe_serialization=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 
 from .examples import QAExample
 from ..registry import SEGMENTERS

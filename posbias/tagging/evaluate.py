@@ -132,19 +132,9 @@ def write_predictions(out_dir, examples: list[TaggingExample], preds: list[list[
 def evaluate_checkpoint(model, data, output_dir=None, overrides=None, progress: bool = True) -> dict:
     """Score a checkpoint (posbias or Hugging Face token-classification folder) on a tagging file;
     writes predictions, metrics and the run's config/versions into `output_dir` when given."""
-    from ..checkpoint import eval_config, load_checkpoint, write_run_meta
-    from .task import read_for
+    from ..checkpoint import evaluate_file
 
-    net, tokenizer, mcfg = load_checkpoint(model, task="tagging")
-    cfg = eval_config(mcfg, overrides)
-    ds = read_for(data, cfg)
-    if cfg.data.max_eval_examples:
-        ds.examples = ds.examples[: cfg.data.max_eval_examples]
-    t0 = time.time()
-    result = evaluate_dataset(net, tokenizer, cfg, ds, output_dir, progress=progress)
-    if output_dir is not None:
-        write_run_meta(output_dir, cfg, "evaluate", model, ds.path, t0, skipped=ds.skipped)
-    return result
+    return evaluate_file(model, data, output_dir, overrides, "tagging", evaluate_dataset, progress=progress)
 
 
 def split_words(text: str) -> tuple[list[str], list[tuple[int, int]]]:

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..encoders import (EncoderInputs, check_exportable, encoder_from_config, from_pretrained_quietly, load_encoder,
-                        open_tokenizer, position_ids)
+from ..encoders import (EncoderInputs, encoder_from_config, from_pretrained_quietly, hf_task_model, load_encoder,
+                        position_ids)
 from ..errors import ConfigError
 from .features import IGNORE
 
@@ -115,17 +115,8 @@ def export_hf(checkpoint, out_dir) -> Path:
     from ..checkpoint import load_checkpoint
 
     model, tokenizer, _ = load_checkpoint(checkpoint, task="tagging")
-    config = check_exportable(model.encoder, checkpoint)
-    config.architectures = None
-    config.num_labels = len(model.labels)
-    config.id2label = dict(enumerate(model.labels))
-    config.label2id = {t: i for i, t in enumerate(model.labels)}
-    hf = AutoModelForTokenClassification.from_config(config)
-    base = getattr(hf, hf.base_model_prefix)
-    missing, unexpected = base.load_state_dict(model.encoder.state_dict(), strict=False)
-    if unexpected or any("pooler" not in k for k in missing):
-        raise ConfigError(f"cannot map encoder weights onto {type(hf).__name__}: missing {missing}, "
-                          f"unexpected {unexpected}")
+    hf = hf_task_model(AutoModelForTokenClassification, model.encoder, checkpoint, num_labels=len(model.labels),
+                       id2label=dict(enumerate(model.labels)), label2id={t: i for i, t in enumerate(model.labels)})
     if not isinstance(getattr(hf, "classifier", None), nn.Linear):
         raise ConfigError(f"{type(hf).__name__} has no linear `classifier` layer to take the token head")
     hf.classifier.load_state_dict(model.classifier.state_dict())

@@ -4,8 +4,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,14 +12,9 @@ from safetensors.torch import load_file
 
 import posbias
 from posbias.config import build_config, config_from
-from posbias.registry import PERTURBATIONS
 
-BIN = Path(sys.executable).parent
+from conftest import BIN, INTERRUPT, run_cli
 
-
-def run_cli(*args, **kw):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([str(BIN / "posbias"), *args], capture_output=True, text=True, env=env, timeout=300, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -120,30 +113,19 @@ def test_bad_training_file_is_one_line_naming_file_and_line(tmp_path):
     assert info["train_skipped_records"] == 1
 
 
-_INTERRUPT = {"at": None, "calls": 0}
-
-
-@PERTURBATIONS.register("_test_interrupt_tagging")
-def _interrupt(options, cfg, key="perturb[0]"):
-    def apply(batch, gen):
-        _INTERRUPT["calls"] += 1
-        if _INTERRUPT["at"] is not None and _INTERRUPT["calls"] == _INTERRUPT["at"]:
-            raise KeyboardInterrupt
-        return batch
-    return apply
 
 
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     d = config_from("tiny_tagging").to_dict()
     d["train"].update(output_dir=str(tmp_path / "run"), max_steps=5, save_every=1)
     d["data"]["eval_file"] = None
-    d["perturb"] = [{"name": "_test_interrupt_tagging"}]
+    d["perturb"] = [{"name": "_test_interrupt"}]
     cfg = build_config(d)
-    _INTERRUPT.update(at=3, calls=0)
+    INTERRUPT.update(at=3, calls=0)
     with pytest.raises(KeyboardInterrupt):
         posbias.train(cfg, progress=False)
-    _INTERRUPT.update(at=None, calls=0)
-    assert posbias.train(cfg, resume="auto", progress=False)["steps"] == 5 and _INTERRUPT["calls"] == 3
+    INTERRUPT.update(at=None, calls=0)
+    assert posbias.train(cfg, resume="auto", progress=False)["steps"] == 5 and INTERRUPT["calls"] == 3
     d["train"]["output_dir"] = str(tmp_path / "fresh")
     posbias.train(build_config(d), progress=False)
     a = load_file(str(tmp_path / "run" / "best" / "model.safetensors"))
