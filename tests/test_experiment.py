@@ -280,3 +280,30 @@ def test_loss_smoothing_keeps_the_ends():
 
     np.testing.assert_allclose(moving_average(np.full(40, 4.0), 3), 4.0)
     np.testing.assert_allclose(moving_average(np.arange(6.0), 3), [0.5, 1, 2, 3, 4, 4.5])
+
+
+def test_tagging_experiment_runs_and_reports(tmp_path):
+    """The same grid -> store -> report path for token classification: F1/precision/recall rows,
+    a sentence-level bootstrap on the corpus F1, per-sentence ratios in the store, val_f1 curves."""
+    spec = yaml.safe_load((PRESETS / "experiments" / "smoke_tagging.yaml").read_text(encoding="utf-8"))
+    spec["output_dir"] = str(tmp_path / "exp")
+    res = posbias.experiment_run(spec, progress=False)
+    assert len(res["ran"]) == 4
+    results = load_results(tmp_path / "exp")
+    assert all(r["status"] == "finished" and "f1" in r["metrics"]["test"] for r in results["runs"])
+    n = {(q["run"], q["eval_set"]) for q in results["questions"]}
+    assert len(n) == 8  # 4 runs x (val, test)
+    test_rows = [q for q in results["questions"] if q["eval_set"] == "test" and q["run"] == "first_subtoken/seed1"]
+    assert len(test_rows) == 150 and all(0 <= q["exact"] <= q["f1"] for q in test_rows)  # 2 TP <= pred + gold
+    rows = aggregate(results, bootstrap_samples=200)
+    assert {r["metric"] for r in rows} == {"F1", "precision", "recall"}
+    f1 = [r for r in rows if r["metric"] == "F1" and r["method"] == "all_subtokens"]
+    assert f1 and all("ttest" in r and "bootstrap" in r for r in f1)
+    assert not any("bootstrap" in r for r in rows if r["metric"] != "F1")
+    run = next(r for r in results["runs"] if r["name"] == "first_subtoken/seed1")
+    kinds = {c["kind"] for c in results["curves"]}
+    assert kinds == {"loss", "val_f1"} and run["metrics"]["test"]["sentences"] == 150
+    out = posbias.experiment_report(tmp_path / "exp", bootstrap_samples=200)
+    md = (tmp_path / "exp" / "report.md").read_text(encoding="utf-8")
+    assert "| test | F1 | all_subtokens |" in md and "| test | precision | first_subtoken |" in md
+    assert any(p.endswith("comparison_f1.png") for p in out["plots"])
