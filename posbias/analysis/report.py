@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 from pathlib import Path
 
@@ -249,14 +250,18 @@ def plot_updates(results: dict, path: Path) -> Path | None:
 # ------------------------------------------------------------------------------------------ render
 def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
     """Aggregate the experiment's store and write report.md, report.html and plots/*.png."""
-    from ..experiment import aggregate, aggregate_segments, improvement_rows, load_results
+    from ..experiment import aggregate, aggregate_segments, load_results
+    from ..tasks import get_task
     from ..utils import atomic_write_json, atomic_write_text
 
     exp_dir = Path(exp_dir)
     results = load_results(exp_dir)
     rows = aggregate(results, bootstrap_samples=bootstrap_samples)
     seg_rows = aggregate_segments(results, bootstrap_samples=bootstrap_samples)
-    improvements = improvement_rows(results)
+    # Task-specific analyses (QA: corrections vs boundaries, Random Padding paper §6.2).
+    improvements = []
+    for name in sorted({json.loads(run["config_json"]).get("task", "qa") for run in results["runs"]}):
+        improvements += getattr(get_task(name), "improvement_rows", lambda res: [])(results)
     plots = exp_dir / "plots"
     plots.mkdir(exist_ok=True)
     metrics = list(dict.fromkeys(r["metric"] for r in rows))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 
 from .examples import QAExample
 from ..registry import SEGMENTERS
@@ -124,3 +126,58 @@ def improvement_categories(gold: dict[str, list[str]], baseline: dict[str, str],
     return {"improved": improved, "corrections": corrections, "boundaries": improved - corrections,
             "correction_share": corrections / improved if improved else float("nan"),
             "boundary_share": (improved - corrections) / improved if improved else float("nan")}
+
+
+def improvement_rows(results: dict) -> list[dict]:
+    """§6.2 per method x eval set: among the questions where the method beats the baseline (paired
+    by seed), the share of corrections vs more precise boundaries; mean ± std over seeds."""
+    from ..analysis.stats import mean_std
+    from .readers import read_dataset
+
+    runs = [r for r in results["runs"] if r["status"] == "finished" and
+            json.loads(r["config_json"]).get("task", "qa") == "qa"]
+    base = results["baseline"]
+    eval_sets = results["spec"].get("eval_sets") or {}
+    gold_cache: dict = {}
+
+    def predictions(run, eval_set):
+        folder = Path(run["output_dir"]) / ("eval" if eval_set == "val" else f"evals/{eval_set}")
+        path = folder / "predictions.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+    def gold(run, eval_set):
+        cfg = json.loads(run["config_json"])
+        spec = cfg["data"]["eval_file"] if eval_set == "val" else eval_sets.get(eval_set)
+        key = (json.dumps(spec), eval_set == "val" and cfg["data"]["max_eval_examples"])
+        if key not in gold_cache:
+            ds = read_dataset(spec)
+            if eval_set == "val" and cfg["data"]["max_eval_examples"]:
+                ds.examples = ds.examples[: cfg["data"]["max_eval_examples"]]
+            gold_cache[key] = ds.gold()
+        return gold_cache[key]
+
+    rows = []
+    cells: dict = {}
+    for r in runs:
+        for eval_set in r["metrics"]:
+            cells.setdefault((r["dataset"], r["train_size"], eval_set), {}).setdefault(r["method"], {})[r["seed"]] = r
+    for (dataset, size, eval_set), by_method in sorted(cells.items(), key=lambda kv: str(kv[0])):
+        if base not in by_method:
+            continue
+        for method in [m for m in results["methods"] if m in by_method and m != base]:
+            shares, counts = [], []
+            for seed, run in by_method[method].items():
+                b = by_method[base].get(seed)
+                pm, pb = predictions(run, eval_set), predictions(b, eval_set) if b else None
+                if pm is None or pb is None:
+                    continue
+                c = improvement_categories(gold(run, eval_set), pb, pm)
+                if c["improved"]:
+                    shares.append(100 * c["boundary_share"])
+                    counts.append(c["improved"])
+            if shares:
+                m, s = mean_std(shares)
+                rows.append({"dataset": dataset, "train_size": size, "eval_set": eval_set, "method": method,
+                             "seeds": len(shares), "improved_mean": float(np.mean(counts)),
+                             "boundary_share_mean": m, "boundary_share_std": s})
+    return rows

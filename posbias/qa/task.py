@@ -88,3 +88,9 @@ class QATask:
         preds = json.loads((Path(eval_dir) / "predictions.json").read_text(encoding="utf-8"))
         version = "2.0" if run_info.get("data_version") == 2 else "1.1"
         return metrics.per_question(dataset.gold(), preds, version=version)
+
+    def improvement_rows(self, results: dict) -> list[dict]:
+        """§6.2 of the Random Padding paper for an experiment's report (`posbias.qa.positions`)."""
+        from .positions import improvement_rows
+
+        return improvement_rows(results)
