@@ -194,3 +194,26 @@ def test_random_occurrence_label_policy():
     assert all(ctx[a.start:a.end] == "Paris" for a in [random_occurrence(ex, random.Random(1))])
     single = QAExample("s", "Q?", "only once here", answers=[Answer("once", 5)])
     assert random_occurrence(single, random.Random(0)) is single.answers[0]
+
+
+def test_rows_without_cls_shift_every_token():
+    """Decoder tokenizers (GPT-2) add no [CLS]: cls_index -1 moves every real token."""
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    pos = shift_position_ids(mask, torch.tensor([-1, 0]), torch.tensor([5, 2]))
+    assert pos.tolist() == [[5, 6, 7, 0], [0, 3, 4, 5]]
+
+
+def test_random_padding_composes_with_tagging(tmp_path):
+    """The same perturbation on the tagging task: [CLS] stays at 0, the other tokens move, and the
+    shift never leaves the position table."""
+    import posbias
+    from posbias.config import config_from
+
+    cfg = config_from("tiny_tagging", [f"train.output_dir={tmp_path / 'run'}", "train.max_steps=3",
+                                       "data.eval_file=null", "perturb=[{name: random_padding}]"])
+    posbias.train(cfg, progress=False)
+    import json
+
+    updates = json.loads((tmp_path / "run" / "position_updates.json").read_text(encoding="utf-8"))
+    assert updates["counts"][0] == 3 and sum(updates["counts"][128:]) == 0
+    assert sum(updates["counts"][64:128]) > 0  # shifted positions reach the rear of the window

@@ -35,14 +35,17 @@ def shift_position_ids(attention_mask: torch.Tensor, cls_index: torch.Tensor, sh
 
     Args:
         attention_mask: (b, s) 1 for real tokens.
-        cls_index: (b,) position of [CLS] in each row (it keeps its unshifted id).
+        cls_index: (b,) position of [CLS] in each row (it keeps its unshifted id); -1 when the row
+            has none (decoder tokenizers), and then every real token moves.
         shift: (b,) non-negative integers k.
         base: first position id (0 for BERT/ELECTRA, padding_idx + 1 for RoBERTa).
     """
     mask = attention_mask.long()
     pos = mask.cumsum(-1) - 1 + base  # (b, s)
     moved = mask.bool().clone()
-    moved[torch.arange(mask.shape[0], device=mask.device), cls_index] = False
+    has_cls = cls_index >= 0  # -1: no leading special token (GPT-2, BLOOM): every token moves
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    moved[rows[has_cls], cls_index[has_cls]] = False
     pos = pos + moved.long() * shift[:, None]
     return pos.masked_fill(mask == 0, pad_position)
 
