@@ -1,5 +1,6 @@
-"""posbias: train, evaluate and diagnose extractive QA models with respect to position bias."""
+"""posbias: train, evaluate and diagnose extractive QA and token-classification (NER, POS) models
+with respect to position bias."""
 __version__ = "0.1.0"
 
-from .api import (diagnose, evaluate, experiment_report, experiment_run, export, load_config, predict,  # noqa: E402,F401
-                  score, train)
+from .api import (data_stats, diagnose, evaluate, experiment_report, experiment_run, export,  # noqa: E402,F401
+                  load_config, predict, score, train)

@@ -81,6 +81,18 @@ def test_help_lists_subcommands():
         assert name in r.stdout
 
 
+@pytest.mark.parametrize("command, tasks", [("train", {"qa", "tagging"}), ("evaluate", {"qa", "tagging"}),
+                                            ("predict", {"qa", "tagging"}), ("score", {"qa", "tagging"}),
+                                            ("diagnose", {"qa"})])
+def test_cli_task_subcommands(command, tasks):
+    """Commands that depend on the task take it first; their help lists the tasks."""
+    from posbias.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    assert set(next(a for a in sub._actions if a.dest == "task").choices) == tasks
+
+
 @pytest.mark.parametrize("args, message", [
     (["train", "qa", "-c", "tiny", "train.no_such_key=1"], "unknown config key train.no_such_key"),
     (["train", "qa", "-c", "no_such_preset"], "neither a file nor a preset"),

@@ -13,10 +13,11 @@ def tagging_tokenizer(path: str):
     """A fast tokenizer for word-split input: byte-level BPE (RoBERTa, GPT-2, BLOOM) must see a
     space before every word, as in running text, or each word is tokenized as a text start."""
     from ..encoders import open_tokenizer
+    from ..errors import ConfigError
 
     try:
         return open_tokenizer(path, add_prefix_space=True)
-    except Exception:  # noqa: BLE001  a tokenizer class that takes no such option
+    except ConfigError:  # a tokenizer class that takes no such option (any other problem recurs below)
         return open_tokenizer(path)
 
 
