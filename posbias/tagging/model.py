@@ -37,6 +37,10 @@ class TaggerModel(nn.Module):
                 dropout = getattr(config, "hidden_dropout_prob", getattr(config, "hidden_dropout", 0.1))
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(encoder.config.hidden_size, len(labels))
+        std = getattr(encoder.config, "initializer_range", None)
+        if std is not None:  # as transformers initialises *ForTokenClassification heads
+            nn.init.normal_(self.classifier.weight, std=std)
+            nn.init.zeros_(self.classifier.bias)
         self._inputs = EncoderInputs(encoder, use_token_types=False)  # one segment: the encoder's default
         self.position_base, self.position_pad = self._inputs.base, self._inputs.pad
 
