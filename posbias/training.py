@@ -24,6 +24,10 @@ object with this protocol:
     main_metric(metrics) -> (name, value)                # what best-checkpoint selection maximises
     load_model(path, cfg, meta) -> (model, tokenizer)    # a posbias checkpoint's skeleton
     load_hf(path, config) -> (model, tokenizer, cfg)     # a Hugging Face *{hf_suffix} folder
+and, for experiments (`posbias.experiment`):
+    evaluate_checkpoint(model_dir, data, out_dir, overrides, progress) -> metrics dict
+    example_scores(dataset, eval_dir, run_info) -> {example id: (a, b)}   # what the paired bootstrap resamples
+    improvement_rows(results) -> list[dict]              # optional: task-specific report analyses
 
 Output folder layout:
     config.yaml          the resolved config
