@@ -1,36 +1,59 @@
-"""CoNLL column files: CoNLL-2003 (word POS chunk NER, `-DOCSTART-` lines), WNUT-17 (word TAB tag)
-and any other layout by option (`word_column`, `tag_column`).
+"""CoNLL column files: CoNLL-2003 (`word POS chunk NER`, `-DOCSTART-` lines), WNUT-17 (`word<TAB>tag`)
+and any other layout through `word_column` / `tag_column`.
 
-One word per line, columns split on whitespace; a blank (or whitespace-only: WNUT-17's training
-file uses a lone tab) line ends a sentence. A sentence is the record: a short line, an inconsistent
-column count or an invalid tag is a `DataError` naming the file and the line, or, with
-`on_bad_record="skip"`, drops that sentence (listed in `skipped`).
+One word per line, its columns split on runs of spaces and tabs (only those: a tweet's no-break
+space stays inside its word); a blank line, or one of spaces and tabs only (WNUT-17's training
+file separates sentences with a lone tab), ends a sentence. Lines end at "\\n" (a trailing "\\r"
+is dropped), never at the other characters `str.splitlines` would split on.
+
+The sentence is the record: a line with too few columns, a column count other than the file's
+usual (most common) one, or a tag that is invalid or not valid in the file's scheme raises
+`DataError` naming the file and the line, or with `on_bad_record="skip"` drops the whole
+sentence, listed in `skipped` as ("line N", reason). One file-level exception: under scheme auto,
+a file that starts entities both with I- (IOB1) and with B- after O (IOB2; typically IOB2 with a
+stray I-) always raises, since no single sentence is to blame; declaring the scheme settles it.
 """
 from __future__ import annotations
 
+import re
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DataError
 from ..records import check_on_bad_record, read_text
 from .examples import TaggingDataset, TaggingExample
-from .schemes import convert, detect_scheme, parse_tag, validate
+from .schemes import ENTITY_SCHEMES, TagSequenceError, convert, detect_scheme, parse_tag, validate
+
+SCHEMES = ("auto",) + ENTITY_SCHEMES + ("none",)
+DOCSTART = "-DOCSTART-"
+# Under scheme auto, one tag shaped like an entity tag (letter, "-", type; Q-ORG included, so a
+# bad prefix is an error rather than a POS-like label) makes the file's tags entity tags.
+_ENTITY_SHAPED = re.compile(r"[A-Za-z]-.")
 
 
-def _blocks(text: str):
-    """(first line number, [(line number, columns)]) per sentence; `-DOCSTART-` lines as their own block."""
-    block, start = [], None
-    for n, line in enumerate(text.splitlines(), start=1):
-        cols = line.split()
-        if not cols:
-            if block:
-                yield start, block
-            block, start = [], None
-            continue
-        if start is None:
-            start = n
-        block.append((n, cols))
-    if block:
-        yield start, block
+def _token_lines(text: str):
+    """(line number, columns) per line, columns [] for a blank line."""
+    for n, line in enumerate(text.split("\n"), start=1):
+        cols = line.strip(" \t\r").replace("\t", " ").split(" ")
+        if "" in cols:  # runs of separators, or a blank line
+            cols = [c for c in cols if c]
+        yield n, cols
+
+
+def _is_docstart(cols: list[str], word_column: int) -> bool:
+    return -len(cols) <= word_column < len(cols) and cols[word_column] == DOCSTART
+
+
+@dataclass
+class _Sentence:
+    """A sentence being read: its lines' numbers and columns, then its words and tags."""
+
+    doc: int
+    lines: list[int] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    words: list[str] = field(default_factory=list)
+    tags: list[str] | None = None
 
 
 def read_conll(path, *, word_column: int = 0, tag_column: int | None = -1, scheme: str = "auto",
@@ -38,91 +61,153 @@ def read_conll(path, *, word_column: int = 0, tag_column: int | None = -1, schem
     """Read a CoNLL column file (plain or gzip).
 
     Args:
-        tag_column: column of the tag (negative: from the end); None reads an unlabelled file.
-        scheme: "iob1" (converted to IOB2), "iob2", "bioes" (validated), "none" (per-word labels such
-            as POS: any tag), or "auto": entity tags when any tag looks like B-/I-/E-/S-X (then every
-            tag must be one, and the scheme is detected over the file; IOB1 is converted), else none.
-        docstart: treat `-DOCSTART-` lines as document boundaries (CoNLL-2003), not words.
+        word_column: column of the word (negative counts from the end).
+        tag_column: column of the tag (negative counts from the end: CoNLL-2003's NER tag is -1);
+            None reads an unlabelled file (tags None).
+        scheme: the file's tags. "iob1" (converted to IOB2), "iob2", "bioes": entity tags, every
+            sentence validated in that scheme; "none": any per-word labels (POS); "auto": entity
+            tags when any tag is shaped like one (or all are O), the scheme detected over the
+            whole file, validated and IOB1 converted; otherwise "none".
+        docstart: `-DOCSTART-` lines (in the word column) start a document and are not sentences;
+            `meta["doc"]` counts documents from 0.
     """
     check_on_bad_record(on_bad_record)
-    if scheme not in ("auto", "iob1", "iob2", "bioes", "none"):
-        raise ValueError(f"scheme must be auto, iob1, iob2, bioes or none, got {scheme!r}")
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    if tag_column is not None and (word_column < 0) == (tag_column < 0) and word_column == tag_column:
+        raise ValueError(f"word_column and tag_column are the same column ({word_column})")
     path = str(path)
-    name = Path(path).name
-    sentences, skipped, doc, width = [], [], 0, None
-    for start, block in _blocks(read_text(path)):
-        first = block[0][1]
-        if docstart and first[min(word_column, len(first) - 1)] == "-DOCSTART-":
-            doc += 1
-            continue
-        try:
-            words, tags, width = _sentence(path, block, word_column, tag_column, width)
-        except DataError as e:
-            if on_bad_record == "error":
-                raise
-            skipped.append((str(e.record), e.reason))
-            continue
-        sentences.append((TaggingExample(f"{name}:{start}", words, tags, {"line": start, "doc": doc}),
-                          [n for n, _ in block]))
+    sentences = _split(read_text(path), word_column, docstart)
+    width = _usual_width(sentences)
+    bad: list[tuple[int, str, str]] = []  # (first line, record, reason) of each dropped sentence
+
+    def keep(sentences: list[_Sentence], check) -> list[_Sentence]:
+        """The sentences `check` accepts; the others raise, or are dropped under skip."""
+        kept = []
+        for s in sentences:
+            try:
+                check(s)
+                kept.append(s)
+            except DataError as e:
+                if on_bad_record == "error":
+                    raise
+                bad.append((s.lines[0], str(e.record), e.reason))
+        return kept
+
+    fits = width is not None and _width_problem(width, word_column, tag_column) is None
+    sentences = keep(sentences, lambda s: _columns(path, s, width, fits, word_column, tag_column))
     source = None
-    if tag_column is None:
-        out_scheme = "none"
-    else:
+    if tag_column is not None and scheme == "auto":
+        tags = [t for s in sentences for t in s.tags]
+        entity = any(_ENTITY_SHAPED.match(t) for t in tags) or (bool(tags) and all(t == "O" for t in tags))
+        scheme = "auto" if entity else "none"
+    if tag_column is not None and scheme != "none":
+        sentences = keep(sentences, lambda s: _parse_tags(path, s))
+        source, hint = scheme, ""
         if scheme == "auto":
-            entity_like = any(_entity_like(t) for e, _ in sentences for t in e.tags)
-            scheme = "auto" if entity_like else "none"
-        if scheme != "none":
-            kept = []
-            for e, lines in sentences:
-                try:
-                    _check(path, lines, e.tags, None if scheme == "auto" else scheme)
-                    kept.append((e, lines))
-                except DataError as err:
-                    if on_bad_record == "error":
-                        raise
-                    skipped.append((str(err.record), err.reason))
-            sentences = kept
-            source = detect_scheme(e.tags for e, _ in sentences) if scheme == "auto" else scheme
-        out_scheme = "iob2" if source == "iob1" else (source or "none")
-    examples = [e for e, _ in sentences]
-    if source == "iob1":
-        for e in examples:
-            e.tags = convert(e.tags, "iob1", "iob2")
+            source = detect_scheme(s.tags for s in sentences)
+            hint = f" (scheme auto read this file as {source.upper()})"
+            if source == "iob1":
+                _check_not_mixed(path, sentences)
+        sentences = keep(sentences, lambda s: _validate(path, s, source, hint))
+    name = Path(path).name
+    examples = []
+    for s in sentences:
+        tags = convert(s.tags, "iob1", "iob2") if source == "iob1" else s.tags
+        examples.append(TaggingExample(f"{name}:{s.lines[0]}", s.words, tags, {"line": s.lines[0], "doc": s.doc}))
+    out_scheme = "none" if source is None else "iob2" if source == "iob1" else source
+    skipped = [(record, reason) for _, record, reason in sorted(bad)]  # file order
     return TaggingDataset(path, "conll", out_scheme, examples, skipped, source_scheme=source)
 
 
-def _entity_like(tag: str) -> bool:
-    return len(tag) > 2 and tag[1] == "-" and tag[0] in "BIES"
+def _split(text: str, word_column: int, docstart: bool) -> list[_Sentence]:
+    """The sentences of a file, blank lines and `-DOCSTART-` lines between them."""
+    sentences, current, doc, started = [], None, 0, False
+    for n, cols in _token_lines(text):
+        if not cols or (docstart and _is_docstart(cols, word_column)):
+            if current is not None:
+                sentences.append(current)
+                current = None
+            if cols:  # -DOCSTART-: a new document, unless nothing came before it
+                doc += 1 if started else 0
+                started = True
+            continue
+        if current is None:
+            current, started = _Sentence(doc), True
+        current.lines.append(n)
+        current.rows.append(cols)
+    if current is not None:
+        sentences.append(current)
+    return sentences
 
 
-def _sentence(path, block, word_column, tag_column, width):
-    words, tags = [], [] if tag_column is not None else None
-    for n, cols in block:
-        if width is None:
-            width = len(cols)
-        elif len(cols) != width:
-            raise DataError(path, f"line {n}", f"{len(cols)} columns where the file's lines have {width}")
-        need = max(word_column, tag_column if tag_column is not None and tag_column >= 0 else 0,
-                   -tag_column - 1 if tag_column is not None and tag_column < 0 else 0) + 1
-        if len(cols) < need:
-            raise DataError(path, f"line {n}", f"{len(cols)} column(s), too few for word_column {word_column} "
-                                               f"and tag_column {tag_column}")
-        words.append(cols[word_column])
-        if tags is not None:
-            tags.append(cols[tag_column])
-    return words, tags, width
+def _usual_width(sentences: list[_Sentence]) -> int | None:
+    """The file's column count: the most common one, so the odd line out is the one reported."""
+    counts = Counter(len(cols) for s in sentences for cols in s.rows)
+    return counts.most_common(1)[0][0] if counts else None
 
 
-def _check(path, lines, tags, scheme):
-    """Every tag parses; with a declared scheme, the sequence is valid in it (DataError at its line)."""
-    for n, tag in zip(lines, tags):
+def _columns(path, s: _Sentence, width: int, usual_fits: bool, word_column: int, tag_column: int | None) -> None:
+    """Set the sentence's words and tags (None when unlabelled); DataError at the first bad line.
+    `usual_fits`: lines of the file's usual width have the columns asked for (checked once)."""
+    s.words, s.tags = [], [] if tag_column is not None else None
+    for n, cols in zip(s.lines, s.rows):
+        if len(cols) != width or not usual_fits:
+            raise DataError(path, f"line {n}", _width_problem(len(cols), word_column, tag_column)
+                            or f"{len(cols)} columns where the file's lines have {width}")
+        s.words.append(cols[word_column])
+        if s.tags is not None:
+            s.tags.append(cols[tag_column])
+
+
+def _width_problem(k: int, word_column: int, tag_column: int | None) -> str | None:
+    """Why a line of k columns cannot give the word and tag asked for, or None."""
+    wanted = {"word_column": word_column} | ({"tag_column": tag_column} if tag_column is not None else {})
+    if any(not -k <= c < k for c in wanted.values()):
+        return f"{k} column(s), too few for " + " and ".join(f"{key} {c}" for key, c in wanted.items())
+    if tag_column is not None and word_column % k == tag_column % k:
+        return (f"{k} column(s): word_column {word_column} and tag_column {tag_column} are the same column "
+                "(a missing word or tag?)")
+    return None
+
+
+def _parse_tags(path, s: _Sentence) -> None:
+    for n, tag in zip(s.lines, s.tags):
         try:
             parse_tag(tag)
         except ValueError as e:
             raise DataError(path, f"line {n}", str(e)) from None
-    if scheme is not None:
+
+
+def _validate(path, s: _Sentence, scheme: str, hint: str) -> None:
+    try:
+        validate(s.tags, scheme)
+    except TagSequenceError as e:
+        raise DataError(path, f"line {s.lines[e.index]}", f"not valid {scheme.upper()}{hint}: {e}") from None
+
+
+def _check_not_mixed(path, sentences: list[_Sentence]) -> None:
+    """A file auto-detected as IOB1 that also starts entities with B- after O mixes IOB1 and IOB2
+    (typically IOB2 with a stray I-): no per-sentence skip can tell which, so it always raises."""
+    for s in sentences:
         try:
-            validate(tags, scheme)
-        except ValueError as e:
-            k = int(str(e).split()[1]) - 1  # "tag K (...)": the offending position
-            raise DataError(path, f"line {lines[k]}", f"not valid {scheme.upper()}: {e}") from None
+            validate(s.tags, "iob1")
+        except TagSequenceError as e:
+            b_line, b_tag = s.lines[e.index], s.tags[e.index]
+            break
+    else:
+        return
+    i_line, i_tag = next((n, t) for s in sentences for n, t, starts in zip(s.lines, s.tags, _i_starts(s.tags))
+                         if starts)
+    raise DataError(path, f"line {b_line}", f"{b_tag} starts an entity as IOB2 does, but line {i_line} starts "
+                                            f"one with {i_tag} as only IOB1 does: declare scheme iob1 or iob2")
+
+
+def _i_starts(tags: list[str]) -> list[bool]:
+    """Which tags are an I-X starting an entity (IOB1 style)."""
+    out, prev = [], ("O", None)
+    for tag in tags:
+        p, t = parse_tag(tag)
+        out.append(p == "I" and not (prev[0] in ("B", "I") and prev[1] == t))
+        prev = (p, t)
+    return out
