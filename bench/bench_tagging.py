@@ -178,7 +178,7 @@ def vs_hf(args, out: Path) -> dict:
         test_path.write_text("\n\n".join("\n".join(f"{w} {t}" for w, t in zip(e.words, e.tags))
                                          for e in test_ds.examples) + "\n", encoding="utf-8")
         test_ds.path = str(test_path)
-    max_steps = 10 if args.quick else None
+    max_steps = 10 if args.quick else args.max_steps
     res = {"posbias": {}, "hf_run_ner": {}}
     for seed in args.seeds:
         print(f"== posbias, run_ner settings, seed {seed}", flush=True)
@@ -285,6 +285,7 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--epochs", type=float, default=3, help="vs-hf: epochs on both sides (run_ner: 3)")
+    ap.add_argument("--max-steps", type=int, default=None, help="vs-hf: stop both sides after this many steps")
     ap.add_argument("--raw-batches", type=int, default=30)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, to check the script runs")

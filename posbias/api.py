@@ -94,12 +94,25 @@ def score(data, predictions, na_probs=None, version: str = "auto", task: str = "
     return score_files(resolve_path(str(data)), predictions, **options)
 
 
-def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool = True) -> dict:
-    """Position analyses (answer-position quartiles, S_X segments, update counts) of a QA model."""
-    from .qa.diagnose import diagnose as _diagnose
+def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool = True, task: str | None = None,
+             **options) -> dict:
+    """Position analyses of a model, by its task.
 
-    _task_of(model, "qa")
-    return _diagnose(model, data, output_dir, xs=xs, overrides=overrides, progress=progress)
+    QA: answer-position quartiles, S_X segments (`xs`), position-update counts.
+    Tagging: the duplicated-test-set evaluation F1(α) / Prec(α) / Rec(α) with shift mode, per
+    class, consistency and data statistics; options `k_max` (10), `quantiles` ((0.25, 0.75); None
+    for every sentence), `modes` (("duplicate", "shift")), `max_len`, `batch_tokens`
+    (see `posbias.tagging.diagnose.diagnose`).
+    """
+    if _task_of(model, task) == "qa":
+        from .qa.diagnose import diagnose as _diagnose
+
+        if options:
+            raise ConfigError(f"diagnose qa takes no option {sorted(options)[0]!r}")
+        return _diagnose(model, data, output_dir, xs=xs, overrides=overrides, progress=progress)
+    from .tagging.diagnose import diagnose as _diagnose
+
+    return _diagnose(model, data, output_dir, overrides=overrides, progress=progress, **options)
 
 
 def export(model, out_dir) -> Path:

@@ -76,11 +76,14 @@ def load_checkpoint(path, map_location="cpu", task: str | None = None):
 def eval_config(model_cfg: RunConfig, overrides) -> RunConfig:
     """A checkpoint's run config with evaluation overrides (windows, decoding, batch size); the
     model itself may not be overridden. The training run's cap on evaluation examples does not carry
-    over: a file given for evaluation is scored whole unless `data.max_eval_examples` is overridden."""
+    over: a file given for evaluation is scored whole unless `data.max_eval_examples` (or, tagging,
+    `data.length_quantiles`) is overridden."""
     from .config import build_config
 
     d = model_cfg.to_dict()
     d["data"]["max_eval_examples"] = None
+    if "length_quantiles" in d["data"]:  # a tagging run trained on D*: other files are read whole
+        d["data"]["length_quantiles"] = None
     cfg = build_config(d, overrides)
     if cfg.model != model_cfg.model:
         raise ConfigError("model.* cannot be overridden when evaluating a trained checkpoint")

@@ -74,12 +74,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=None, help="write predictions.conll and predictions.jsonl here")
     p.add_argument("overrides", nargs="*")
 
-    p = _tasks(sub, "diagnose", "position-bias analyses of a model", tasks=("qa",))["qa"]
+    ps = _tasks(sub, "diagnose", "position-bias analyses of a model")
+    p = ps["qa"]
     _model_arg(p, "posbias checkpoint or Hugging Face *ForQuestionAnswering folder")
     p.add_argument("--data", required=True)
     p.add_argument("--output-dir", required=True)
     p.add_argument("--x", type=int, nargs="+", default=[100], help="X of the S_X(1)/S_X(2) split, in tokens")
     p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=512")
+    p = ps["tagging"]
+    _model_arg(p, "posbias checkpoint or Hugging Face *ForTokenClassification folder")
+    p.add_argument("--data", required=True, help="the test split (CoNLL / CoNLL-U) with gold tags")
+    p.add_argument("--output-dir", required=True, help="diagnosis.md/.html/.json and plots go here")
+    p.add_argument("--k-max", type=int, default=10, help="duplicate each sentence k = 1..K times (default 10)")
+    p.add_argument("--quantiles", type=float, nargs=2, default=[0.25, 0.75], metavar=("LOW", "HIGH"),
+                   help="D*: sentences whose length lies between these quantiles (default Q1 Q3)")
+    p.add_argument("--all-sentences", action="store_true", help="no length subset: evaluate every sentence that fits")
+    p.add_argument("--modes", nargs="+", default=["duplicate", "shift"], choices=["duplicate", "shift"])
+    p.add_argument("--max-len", type=int, default=None, help="tokens per input (default: the model's position table)")
+    p.add_argument("--batch-tokens", type=int, default=16_384, help="padded tokens per forward batch")
+    p.add_argument("overrides", nargs="*", help="data overrides, e.g. data.format=conll data.tag=xpos")
 
     ps = _tasks(sub, "score", "score a predictions file without a model")
     p = ps["qa"]
@@ -175,10 +188,16 @@ def run(args) -> int:
             n = sum(len(v["words"]) for v in res.values())
             print(f"tagged {len(res)} sentences ({n} words)" + (f"; wrote {args.output_dir}/predictions.conll"
                                                                  if args.output_dir else ""))
-    elif args.command == "diagnose":
-        res = api.diagnose(args.model, args.data, args.output_dir, xs=args.x, overrides=args.overrides)
+    elif args.command == "diagnose" and args.task == "qa":
+        res = api.diagnose(args.model, args.data, args.output_dir, xs=args.x, overrides=args.overrides, task="qa")
         print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"), end="")
         print(f"wrote {args.output_dir}/diagnosis.md, diagnosis.json and {len(res['plots'])} plot(s)")
+    elif args.command == "diagnose":
+        res = api.diagnose(args.model, args.data, args.output_dir, overrides=args.overrides, task="tagging",
+                           k_max=args.k_max, quantiles=None if args.all_sentences else tuple(args.quantiles),
+                           modes=tuple(args.modes), max_len=args.max_len, batch_tokens=args.batch_tokens)
+        print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"), end="")
+        print(f"wrote {args.output_dir}/diagnosis.md, diagnosis.html, diagnosis.json and {len(res['plots'])} plot(s)")
     elif args.command == "score" and args.task == "qa":
         _print(api.score(args.data, args.predictions, args.na_probs, args.version))
     elif args.command == "score":

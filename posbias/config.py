@@ -249,8 +249,7 @@ def choice(value, allowed, key):
 
 def validate(cfg: RunConfig) -> None:
     """Cross-field checks of the shared sections, then the task's own; errors name the dotted key."""
-    from .registry import PERTURBATIONS
-    from . import perturb as _perturb  # noqa: F401  (registers the built-in perturbations)
+    from . import perturb as _perturb  # registers the built-in perturbations
 
     m, d, t = cfg.model, cfg.data, cfg.train
     if not m.name_or_path and not m.encoder:
@@ -275,11 +274,7 @@ def validate(cfg: RunConfig) -> None:
     if t.lr <= 0:
         raise ConfigError(f"train.lr must be > 0, got {t.lr}")
     cfg.validate()
-    for i, p in enumerate(cfg.perturb):
-        if not isinstance(p, dict) or "name" not in p:
-            raise ConfigError(f"perturb[{i}] must be a mapping with a name, got {p!r}")
-        options = {k: v for k, v in p.items() if k != "name"}
-        PERTURBATIONS.get(p["name"], f"perturb[{i}].name")(options, cfg, key=f"perturb[{i}]")  # checks options
+    _perturb.build_perturbations(cfg.perturb, cfg)  # each factory checks its options; `mode` is checked there
 
 
 # Bundled resources by alias: the tiny test tokenizers and the demo data slices (see resources/ATTRIBUTION.md).

@@ -12,6 +12,8 @@ An experiment spec (YAML) names a base run config and a grid:
     datasets: {squad: {}}          # optional: name -> overrides
     train_sizes: [1000, 2000]      # optional: data.max_train_examples
     eval_sets: {test: path.json}   # optional: scored with each run's best checkpoint after training
+    position_eval:                 # optional, tagging: the duplicated-test-set evaluation F1(alpha)
+      test: {k_max: 10, quantiles: [0.25, 0.75], alphas: [5, 10]}    # of an eval set (see below)
     output_dir: runs/experiments/smoke
 
 Every run is an ordinary `posbias.train` (+ `posbias.evaluate` on each eval set) in its own folder;
@@ -41,7 +43,8 @@ from .registry import SEGMENTERS
 # Position analyses (answer-position quartiles, S_X^(1)/S_X^(2)) register here (analysis/positions.py).
 
 SPEC_KEYS = {"name", "base", "overrides", "methods", "seeds", "datasets", "train_sizes", "eval_sets",
-             "output_dir", "baseline", "segments", "description"}
+             "output_dir", "baseline", "segments", "description", "position_eval"}
+POSITION_EVAL_OPTIONS = {"k_max", "quantiles", "modes", "max_len", "batch_tokens", "alphas"}
 
 
 @dataclass
@@ -72,6 +75,8 @@ class Experiment:
     segments: list[tuple[str, str, dict]] = field(default_factory=list)
     """(label, segmenter name, options) for each entry of the spec's `segments`."""
     spec_path: str | None = None
+    position_eval: dict[str, dict] = field(default_factory=dict)
+    """Eval set name -> options of the task's position evaluation (tagging: F1(alpha) on D*_test(k))."""
 
     @property
     def db_path(self) -> Path:
@@ -165,8 +170,32 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
     if not isinstance(eval_sets, dict):
         raise ConfigError("experiment spec: eval_sets must be a mapping name -> file")
     segments = [_segment_spec(s, i) for i, s in enumerate(spec.get("segments") or [])]
+    position_eval = _position_eval_spec(spec.get("position_eval"), eval_sets, runs)
     return Experiment(spec["name"], out, runs, baseline, list(methods), dict(eval_sets), list(segments),
-                      spec_path)
+                      spec_path, position_eval)
+
+
+def _position_eval_spec(value, eval_sets: dict, runs: list[Run]) -> dict[str, dict]:
+    """`position_eval: {eval set: {options}}`, validated: known eval sets and options, a task that has it."""
+    from .tasks import get_task
+
+    if not value:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError("experiment spec: position_eval must be a mapping eval set -> options")
+    for name, options in value.items():
+        if name not in eval_sets:
+            raise ConfigError(f"experiment spec: position_eval.{name} is not one of the eval_sets {sorted(eval_sets)}")
+        if not isinstance(options or {}, dict):
+            raise ConfigError(f"experiment spec: position_eval.{name} must be a mapping of options")
+        unknown = set(options or {}) - POSITION_EVAL_OPTIONS
+        if unknown:
+            raise ConfigError(f"experiment spec: position_eval.{name}.{sorted(unknown)[0]} is not an option "
+                              f"({', '.join(sorted(POSITION_EVAL_OPTIONS))})")
+    for task in {r.config.task for r in runs}:
+        if not hasattr(get_task(task), "position_eval_checkpoint"):
+            raise ConfigError(f"experiment spec: position_eval is not available for task {task!r}")
+    return {name: dict(options or {}) for name, options in value.items()}
 
 
 # ------------------------------------------------------------------------------------------- store
@@ -332,6 +361,7 @@ def collect_results(exp: Experiment, run: Run) -> dict:
     The validation set is the run's `data.eval_file` (scored during training by its best
     checkpoint); each of the experiment's `eval_sets` is scored now with that checkpoint.
     """
+    from .checkpoint import eval_config
     from .tasks import get_task
 
     task = get_task(run.config.task)
@@ -348,8 +378,16 @@ def collect_results(exp: Experiment, run: Run) -> dict:
                                      progress=False)
         sets[name] = (path, target)
     metrics, questions, segments = {}, {}, []
+    for name, options in exp.position_eval.items():
+        target = out / "position_eval" / name
+        if not (target / "diagnosis.json").is_file():
+            task.position_eval_checkpoint(out / "best", exp.eval_sets[name], target,
+                                          {k: v for k, v in options.items() if k != "alphas"})
+        result = json.loads((target / "diagnosis.json").read_text(encoding="utf-8"))
+        metrics[f"{name} D*(k)"] = task.position_metrics(result, options.get("alphas", (5, 10)))
     for name, (path, folder) in sets.items():
-        ds = task.read(path, run.config)
+        # The validation set as training read it; eval sets whole, as they were scored.
+        ds = task.read(path, run.config if name == "val" else eval_config(run.config, None))
         if name == "val" and run.config.data.max_eval_examples:
             ds.examples = ds.examples[: run.config.data.max_eval_examples]
         metrics[name] = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
@@ -401,13 +439,20 @@ METRIC_KEYS = {"EM": ("exact_match", "exact"), "F1": ("f1",), "precision": ("pre
 
 
 def metric_value(metrics: dict, name: str) -> float | None:
-    """A report metric (EM, F1, precision, recall, accuracy, macro F1) of a QA or tagging result."""
+    """A report metric (EM, F1, precision, recall, accuracy, macro F1) of a QA or tagging result;
+    a position-evaluation result names its own (`report`: [[name, key], ...], e.g. F1(10))."""
+    if "report" in metrics:
+        key = dict(metrics["report"]).get(name)
+        return metrics.get(key) if key else None
     return next((metrics[k] for k in METRIC_KEYS[name] if k in metrics), None)
 
 
 def report_metrics(metrics: dict) -> tuple[list[str], str]:
     """(the metrics a report shows for a result, the one per-example scores are paired on): QA
-    EM + F1 (both, per question); NER F1, precision, recall; POS accuracy, macro F1."""
+    EM + F1 (both, per question); NER F1, precision, recall; POS accuracy, macro F1; a position
+    evaluation its `report` list (no per-example scores: t-test over seeds only)."""
+    if "report" in metrics:
+        return [name for name, _ in metrics["report"]], "none"
     if "exact_match" in metrics or "exact" in metrics:
         return ["EM", "F1"], "per-question"
     if metrics.get("scheme") == "none":

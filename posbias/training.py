@@ -2,7 +2,8 @@
 
 (The module is `training`, not `train`, so that `posbias.train()` stays the API function.)
 
-One run = read data -> features -> seed-determined batch order -> [perturbations] -> model ->
+One run = read data -> features -> seed-determined batch order -> [perturbations: replace, or
+augment = extra summed passes, see `posbias.perturb`] -> model ->
 AdamW + linear warm-up/decay -> periodic evaluation (best checkpoint by the task's main metric) ->
 resumable checkpoints. The loop knows nothing about QA or tagging: it talks to a *task* (QA in
 `posbias.qa.task`, tagging in `posbias.tagging.task`, registered in `posbias.registry.TASKS`), any
@@ -33,6 +34,7 @@ Output folder layout:
     config.yaml          the resolved config
     run_info.json        seed, versions, world size, data summary, status, timings
     train_log.jsonl      loss, lr, examples/s, real tokens/s every `train.log_every` steps
+                         (with augment perturbations: the summed loss, tokens of every pass)
     eval_log.jsonl       metrics at every evaluation
     data_order/epoch-E.json   the epoch's batches as example ids (identical across methods for a seed)
     position_updates.json     per position id, the steps in which it got a gradient (and the step count)
@@ -59,7 +61,7 @@ from .batching import batch_order, move
 from .checkpoint import save_checkpoint
 from .config import RunConfig, load_config, save_config
 from .errors import ConfigError
-from .perturb import build_perturbations
+from .perturb import perturbations_by_mode, training_passes
 from .tasks import get_task
 from .utils import atomic_write_json, atomic_write_text, now_iso, replace_dir, set_seed, versions
 
@@ -171,10 +173,10 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     if n_pos is not None and model.position_base + d.max_seq_len > n_pos:
         raise ConfigError(f"data.max_seq_len ({d.max_seq_len}) + first position id ({model.position_base}) "
                           f"exceeds the encoder's max_position_embeddings ({n_pos})")
-    perturbations = build_perturbations(cfg.perturb, cfg)
-    for p in perturbations:
+    replace, augment = perturbations_by_mode(cfg.perturb, cfg)  # see posbias.perturb for the modes
+    for p in replace + augment:
         if hasattr(p, "bind"):
-            p.bind(model)
+            p.bind(model, tokenizer)
     optimizer = _adamw(_param_groups(model, t.weight_decay), t.lr)
     n_batches = len(batch_order(lengths, t.batch_size, t.seed, 0, length_grouping=t.length_grouping,
                                 group_batches=t.group_batches))
@@ -251,23 +253,22 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         gen = torch.Generator().manual_seed(t.seed * 1_000_003 + step)
         for j, bi in enumerate(micro):
             batch = task.collate(feats, epoch_batches[bi], tokenizer, with_labels=True)
-            for p in perturbations:
-                batch = p(batch, gen)
-            batch = move(batch, acc.device)
-            pos = batch.get("position_ids")
-            updates.add_batch(pos if pos is not None else raw_model.position_ids(batch["attention_mask"]),
-                              batch["attention_mask"])
-            targets = task.targets(batch)
+            # The replace-perturbed batch, then one perturbed copy per augment perturbation.
+            passes = [move(b, acc.device) for b in training_passes(batch, replace, augment, gen)]
+            for b in passes:
+                pos = b.get("position_ids")
+                updates.add_batch(pos if pos is not None else raw_model.position_ids(b["attention_mask"]),
+                                  b["attention_mask"])
+                window["tokens"] += int(b["attention_mask"].sum())
+                window["padded"] += b["input_ids"].numel()
             sync = j == len(micro) - 1
             ctx = acc.no_sync(model) if not sync else contextlib.nullcontext()
             with ctx:
-                loss = model(batch, targets)["loss"]
+                loss = passes_loss(model, passes, task.targets)
                 acc.backward(loss / len(micro))
             window["loss"] += loss.item()
             window["n"] += 1
             window["examples"] += len(epoch_batches[bi])
-            window["tokens"] += int(batch["attention_mask"].sum())
-            window["padded"] += batch["input_ids"].numel()
         if t.max_grad_norm:
             acc.clip_grad_norm_(model.parameters(), t.max_grad_norm)
         optimizer.step()
@@ -337,6 +338,14 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         atomic_write_json(out / "run_info.json", run_info)
     acc.end_training()
     return summary
+
+
+def passes_loss(model, passes: list[dict], targets) -> torch.Tensor:
+    """The micro-batch's loss: the sum of the model's losses over its passes (one pass without
+    augment perturbations; with them, L(batch) + L(p(batch)) for each, the authors' summed step).
+    `targets(batch)` gives the label tensors of a pass."""
+    losses = [model(b, targets(b))["loss"] for b in passes]
+    return torch.stack(losses).sum() if len(losses) > 1 else losses[0]
 
 
 def _truncate_log(path: Path, last_step: int) -> None:

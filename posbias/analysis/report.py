@@ -91,6 +91,26 @@ def _html_table(head, body) -> str:
             + f"</tr></thead><tbody>{rows}</tbody></table>")
 
 
+def html_figure(title: str, path: Path, rel: str) -> str:
+    """A PNG embedded in the page (the HTML file stands alone), captioned; `rel` is its file name."""
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return (f"<figure><img alt='{html.escape(title)}' data-file='{html.escape(rel)}' "
+            f"src='data:image/png;base64,{data}'><figcaption>{html.escape(title)}</figcaption></figure>")
+
+
+def html_page(title: str, parts: list[str]) -> str:
+    """A self-contained HTML page around already-escaped parts."""
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
+             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f3f3f3}"
+             "img{max-width:100%}figure{margin:1.5em 0}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
+
+
+md_table, html_table = _md_table, _html_table
+
+
 # ------------------------------------------------------------------------------------------- plots
 def _plt():
     import matplotlib
@@ -266,12 +286,15 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
     plots.mkdir(exist_ok=True)
     metrics = list(dict.fromkeys(r["metric"] for r in rows))
     metrics = sorted(metrics, key=lambda m: m not in ("F1", "accuracy"))  # the main metric first
+    metrics = [m for m in metrics if "(" not in m]  # F1(α) rows have their own figure (report_figures)
     figures = [(f"Method comparison ({m})", plot_comparison(rows, results["methods"],
                                                            plots / f"comparison_{m.lower().replace(' ', '_')}.png", m))
                for m in metrics]
     figures.append(("Learning curves", plot_curves(results, plots / "learning_curves.png")))
     figures += [(p.stem.replace("_", " "), p) for p in plot_segments(seg_rows, results["methods"], plots)]
     figures.append(("Position-embedding updates", plot_updates(results, plots / "position_updates.png")))
+    for name in sorted({json.loads(run["config_json"]).get("task", "qa") for run in results["runs"]}):
+        figures += getattr(get_task(name), "report_figures", lambda res, d: [])(results, plots)
     figures = [(t, p) for t, p in figures if p is not None]
 
     runs = results["runs"]
@@ -313,17 +336,9 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
     htm += ["<h2>Plots</h2>"]
     for title, p in figures:
         md += [f"![{title}](plots/{p.name})", ""]
-        data = base64.b64encode(p.read_bytes()).decode()
-        htm += [f"<figure><img alt='{html.escape(title)}' data-file='plots/{p.name}' "
-                f"src='data:image/png;base64,{data}'><figcaption>{html.escape(title)}</figcaption></figure>"]
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
-             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f3f3f3}"
-             "img{max-width:100%}figure{margin:1.5em 0}")
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(results['name'])}</title>"
-            f"<style>{style}</style></head><body>{''.join(htm)}</body></html>")
+        htm.append(html_figure(title, p, f"plots/{p.name}"))
     atomic_write_text(exp_dir / "report.md", "\n".join(md) + "\n")
-    atomic_write_text(exp_dir / "report.html", page)
+    atomic_write_text(exp_dir / "report.html", html_page(results["name"], htm))
     atomic_write_json(exp_dir / "report.json", {"rows": rows, "segments": seg_rows, "improvements": improvements})
     return {"report_md": str(exp_dir / "report.md"), "report_html": str(exp_dir / "report.html"),
             "plots": [str(p) for _, p in figures], "rows": len(rows)}

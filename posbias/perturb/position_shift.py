@@ -1,7 +1,13 @@
-"""Position shifting: Random Padding (Tao et al., "A Frustratingly Easy Improvement for Position
-Embeddings via Random Padding", §3 and App. D), as a training-time perturbation.
+"""Position shifting, one mechanism with two samplers, as training-time perturbations.
 
-Random Padding moves k of the n - m padding tokens of a window to just after [CLS]:
+Mechanism (`shift_position_ids`): every real token but the leading special ([CLS], <s>) gets the
+position id `original + k` for a per-row shift k; [CLS] keeps its base position, padding gets the
+encoder's pad position. Positions are counted over the attention mask, so left or right padding and
+any pad id give the same numbering.
+
+Sampler 1, Random Padding (Tao et al., "A Frustratingly Easy Improvement for Position Embeddings via
+Random Padding", §3 and App. D), registered `random_padding`. It moves k of the n - m padding tokens
+of a window to just after [CLS]:
     [CLS] {k [PAD]} question [SEP] context [SEP] {(n - m - k) [PAD]},   k ~ U{0 .. n - m}
 With absolute position embeddings and masked padding this is exactly the same as keeping the
 window unpadded and giving every token after [CLS] the position id `original + k` ([CLS] stays at
@@ -9,8 +15,18 @@ position 0): padding only ever contributes through masked attention (weight 0). 
 position ids and keeps dynamic padding (tests/test_position_shift.py proves the equivalence on
 logits and encoder gradients against the literal pad-moving input).
 
-The mechanism is shared: a sampler draws k per window, `shift_position_ids` applies it. Random
-Position Perturbation for tagging (another issue) is the same mechanism with another sampler.
+Sampler 2, Random Position Perturbation (Ben Amor et al., "Impact of Position Bias on Language
+Models in Token Classification", §4.1, Fig. 8), registered `random_position_perturbation` (alias
+`rpp`). The first token after [CLS] moves to a random position p_r, every later token with it:
+    tau = p_r - 1,   p_r ~ U{l .. M - l}   (the paper's interval I = [l_t, M - l_t])
+with l the row's real tokens (specials included) and M the position-table length counted from the
+first position id (`max_len`; default the encoder's usable table, max_position_embeddings - base).
+The authors' code (method/position_shift.py) draws k from range(m, M - m) and adds k itself:
+their shift is one higher at the bottom, equal at the top; posbias implements the paper.
+Guard: for rows with l > M - l (longer than half the table) the paper's interval is empty, and
+p_r is drawn from {1 .. M - l + 1}, every start that still fits (the authors' code raises there).
+Rows without a leading special (decoder tokenizers) move every token: p_r is then the first token's
+own position, tau = p_r, and the fitting starts are {0 .. M - l}.
 
 Shape legend: b batch, s sequence.
 """
@@ -60,17 +76,55 @@ def sample_random_padding(lengths: torch.Tensor, max_len: int, cap: int | None,
     return torch.minimum((u * (hi + 1).double()).long(), hi)  # (b,), uniform over 0..hi
 
 
-class PositionShift:
-    """A training-time perturbation: draws k per window with `sampler`, sets batch["position_ids"]."""
+def sample_rpp_start(lengths: torch.Tensor, has_cls: torch.Tensor, max_len: int,
+                     generator: torch.Generator) -> torch.Tensor:
+    """p_r per row (§4.1): the new position of the first moved token, counted from the first
+    position id ([CLS] = 0).
 
-    def __init__(self, sampler, max_len: int, key: str):
+    p_r ~ U{l .. M - l} (the paper's interval I) when it is non-empty; otherwise (l > M - l) every
+    start that still fits, U{f .. M - l + f}, with f = 1 after a [CLS] and 0 without one (the last
+    real token then sits at M - 1 at most). Rows longer than M keep their positions (p_r = f).
+
+    Args:
+        lengths: (b,) l, real tokens per row, specials included.
+        has_cls: (b,) bool, the row starts with a special token that keeps its position.
+        max_len: M, position ids available from the first one (table length - base).
+    """
+    f = has_cls.long()  # (b,) unshifted position of the first moved token
+    lo, hi = lengths.clone(), max_len - lengths  # (b,) the paper's interval I = [l, M - l]
+    empty = lo > hi  # long rows: no start in I, fall back to every start that fits
+    lo = torch.where(empty, f, lo)
+    hi = torch.where(empty, (max_len - lengths + f).clamp(min=f), hi)  # clamp: rows longer than M stay put
+    u = torch.rand(lengths.shape, generator=generator)
+    return lo + torch.minimum((u * (hi - lo + 1).double()).long(), hi - lo)  # (b,), uniform over lo..hi
+
+
+def sample_rpp(lengths: torch.Tensor, has_cls: torch.Tensor, max_len: int,
+               generator: torch.Generator) -> torch.Tensor:
+    """tau = p_r - 1 after a [CLS] (the paper's shift), p_r without one (every token moves)."""
+    return sample_rpp_start(lengths, has_cls, max_len, generator) - has_cls.long()
+
+
+class PositionShift:
+    """A training-time perturbation: draws a shift per row with `sampler`, sets batch["position_ids"]
+    (and batch["position_shift"], the (b,) shifts).
+
+    `sampler(lengths, has_cls, max_len, generator) -> (b,) shifts`. `max_len` None means the
+    encoder's usable position table (max_position_embeddings - first position id), learnt in
+    `bind`; `fallback_len` stands in before `bind` and for encoders without a table.
+    """
+
+    def __init__(self, sampler, max_len: int | None, key: str, fallback_len: int | None = None):
         self.sampler = sampler
-        self.max_len = max_len
+        self.requested_len = max_len
+        self.max_len = max_len if max_len is not None else fallback_len
+        self.fallback_len = fallback_len
         self.key = key  # the dotted config key, for error messages
         self.base, self.pad_position = 0, 0
 
-    def bind(self, model) -> None:
-        """Adopt the model's position numbering; refuse shifts past its position table."""
+    def bind(self, model, tokenizer=None) -> None:
+        """Adopt the model's position numbering; refuse shifts past its position table. (The
+        tokenizer of the bind protocol is not needed: positions are counted over the mask.)"""
         config = model.encoder.config
         self.base, self.pad_position = model.position_base, model.position_pad
         kind = getattr(config, "position_embedding_type", "absolute")
@@ -78,14 +132,17 @@ class PositionShift:
             warnings.warn(f"{self.key}: {config.model_type} uses {kind if kind != 'absolute' else 'relative'} "
                           "positions; shifting position ids has no effect on it", stacklevel=2)
         n_pos = getattr(config, "max_position_embeddings", None)
+        if self.requested_len is None:
+            self.max_len = n_pos - self.base if n_pos is not None else self.fallback_len
         if n_pos is not None and self.base + self.max_len > n_pos:
+            default = "data.max_seq_len" if self.fallback_len is None else "the encoder's usable table"
             raise ConfigError(
                 f"{self.key}.max_len ({self.max_len}) + first position id ({self.base}) exceeds the encoder's "
-                f"max_position_embeddings ({n_pos}); lower {self.key}.max_len (default data.max_seq_len)")
+                f"max_position_embeddings ({n_pos}); lower {self.key}.max_len (default {default})")
 
     def __call__(self, batch: dict, generator: torch.Generator) -> dict:
         lengths = batch["attention_mask"].sum(-1)  # (b,) m: real tokens, specials included
-        shift = self.sampler(lengths, generator)
+        shift = self.sampler(lengths, batch["cls_index"] >= 0, self.max_len, generator)  # (b,)
         out = dict(batch)  # a new batch: the input is not modified
         out["position_ids"] = shift_position_ids(batch["attention_mask"], batch["cls_index"], shift,
                                                  base=self.base, pad_position=self.pad_position)
@@ -93,15 +150,33 @@ class PositionShift:
         return out
 
 
+def _check_options(options: dict, allowed: set, name: str, key: str) -> None:
+    # `mode` (replace/augment) is taken off the entry by posbias.perturb.build_perturbations.
+    unknown = set(options) - allowed
+    if unknown:
+        raise ConfigError(f"{key}: unknown option {sorted(unknown)[0]!r} for {name} ({', '.join(sorted(allowed))}; "
+                          "and mode)")
+    for opt in allowed:
+        v = options.get(opt)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ConfigError(f"{key}.{opt} must be a non-negative integer, got {v!r}")
+
+
 @PERTURBATIONS.register("random_padding")
 def random_padding(options: dict, cfg, key: str = "perturb[0]") -> PositionShift:
     """Options: `max_len` n (default data.max_seq_len), `cap` K (App. D; default none)."""
-    unknown = set(options) - {"max_len", "cap"}
-    if unknown:
-        raise ConfigError(f"{key}: unknown option {sorted(unknown)[0]!r} for random_padding (max_len, cap)")
+    _check_options(options, {"max_len", "cap"}, "random_padding", key)
     max_len = options.get("max_len") or cfg.data.max_seq_len
     cap = options.get("cap")
-    for name, v in (("max_len", max_len), ("cap", cap)):
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise ConfigError(f"{key}.{name} must be a non-negative integer, got {v!r}")
-    return PositionShift(lambda lengths, gen: sample_random_padding(lengths, max_len, cap, gen), max_len, key)
+    return PositionShift(lambda lengths, has_cls, n, gen: sample_random_padding(lengths, n, cap, gen), max_len, key)
+
+
+@PERTURBATIONS.register("rpp")
+@PERTURBATIONS.register("random_position_perturbation")
+def random_position_perturbation(options: dict, cfg, key: str = "perturb[0]") -> PositionShift:
+    """Options: `max_len` M (default: the encoder's usable position table, max_position_embeddings
+    minus the first position id; data.max_seq_len for encoders without a table)."""
+    _check_options(options, {"max_len"}, "random_position_perturbation", key)
+    if options.get("max_len") == 0:
+        raise ConfigError(f"{key}.max_len must be a positive integer, got 0")
+    return PositionShift(sample_rpp, options.get("max_len"), key, fallback_len=cfg.data.max_seq_len)

@@ -37,6 +37,11 @@ class TaggingDataConfig:
     """At least this many tokens of context shared by consecutive windows of a long sentence."""
     on_bad_record: str = "error"
     """`error` stops at the first malformed sentence; `skip` drops it and counts it in the summary."""
+    length_quantiles: list | None = None
+    """D* of the token-positional-bias paper (§3.2): `[0.25, 0.75]` keeps only the sentences whose
+    word length lies between these quantiles of their own file's length distribution, for the
+    training and the evaluation file alike (null: every sentence). Not carried over when a
+    checkpoint evaluates another file; `posbias diagnose tagging` has its own `--quantiles`."""
     max_train_examples: int | None = None
     """Use only the first N training sentences (file order)."""
     max_eval_examples: int | None = None
@@ -74,6 +79,11 @@ class TaggingConfig(RunConfig):
         choice(d.scheme, ["auto", "iob1", "iob2", "bioes", "none"], "data.scheme")
         choice(d.label_scheme, ["auto", "iob2", "bioes"], "data.label_scheme")
         choice(d.label_subtokens, ["first", "all"], "data.label_subtokens")
+        if d.length_quantiles is not None:
+            q = d.length_quantiles
+            if (len(q) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in q)
+                    or not 0 <= q[0] <= q[1] <= 1):
+                raise ConfigError(f"data.length_quantiles must be [low, high] with 0 <= low <= high <= 1, got {q!r}")
         if d.stride < 0:
             raise ConfigError(f"data.stride must be >= 0, got {d.stride}")
         # Room for content tokens: max_seq_len minus at most 4 special tokens; the overlap must

@@ -38,6 +38,8 @@ class TaggingDataset:
         source_scheme: the scheme found in the file before conversion (e.g. "iob1").
         examples: the valid sentences, in file order.
         skipped: (record, reason) for each sentence dropped under `on_bad_record: skip`.
+        length_subset: when `data.length_quantiles` kept only D* (see `posbias.tagging.duplicated.
+            length_subset`), its description: quantiles, length bounds, sentences before and after.
     """
 
     path: str
@@ -46,6 +48,7 @@ class TaggingDataset:
     examples: list[TaggingExample]
     skipped: list[tuple[str, str]] = field(default_factory=list)
     source_scheme: str | None = None
+    length_subset: dict | None = None
 
     def tag_set(self) -> list[str]:
         """Sorted distinct gold tags."""

@@ -66,6 +66,18 @@ def special_tokens(tokenizer) -> tuple[list[int], list[int]]:
     raise ConfigError(f"cannot tell the special tokens of {type(tokenizer).__name__} apart from the text")
 
 
+def separator_id(tokenizer) -> int:
+    """The token that joins sentences in one input (duplicated test sets, Context Perturbation):
+    the tokenizer's own separator ([SEP] for BERT, </s> for RoBERTa), else its end-of-sequence
+    token (GPT-2, BLOOM); never a hard-coded id."""
+    for name in ("sep_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return int(value)
+    raise ConfigError(f"{type(tokenizer).__name__} has neither a separator nor an end-of-sequence token to join "
+                      "sentences with")
+
+
 def label_maps(labels: list[str]) -> dict[str, int]:
     return {t: i for i, t in enumerate(labels)}
 
@@ -136,19 +148,11 @@ def build_tagging_features(
         raise ConfigError(f"data.max_seq_len ({max_seq_len}) leaves {room} tokens per window after special "
                           f"tokens: must exceed data.stride ({stride})")
     label_id = label_maps(labels) if labels is not None else None
-    enc = tokenizer([e.words for e in examples], is_split_into_words=True, add_special_tokens=False)
-    unk_words = 0
+    tokens, unk_words = tokenize_sentences(examples, tokenizer)
     out = {"input_ids": [], "word_index": [], "predict": [], "labels": [], "cls": [], "ex": []}
     stats = {"sentences": len(examples), "words": 0, "windows": 0, "long_sentences": 0, "cut_words": 0}
-    for i, ex in enumerate(examples):
-        ids = np.asarray(enc["input_ids"][i], dtype=np.int64)
-        wid = np.array([-1 if w is None else w for w in enc.word_ids(i)], dtype=np.int64)
-        if len(np.unique(wid[wid >= 0])) < len(ex.words):
-            # Words the tokenizer drops entirely (zero-width or control characters) still need a
-            # prediction: they stand in as the unknown token, and are counted.
-            ids, wid, n = _with_unknown_words(tokenizer, ex, ids, wid)
-            unk_words += n
-        first = np.r_[True, wid[1:] != wid[:-1]] & (wid >= 0)
+    for i, (ex, (ids, wid)) in enumerate(zip(examples, tokens)):
+        first = first_subtokens(wid)
         word_starts = np.flatnonzero(first)
         spans = _windows(word_starts, len(ids), room, stride)
         stats["words"] += len(ex.words)
@@ -190,6 +194,28 @@ def build_tagging_features(
         labels=out["labels"] if label_id is not None else None,
         cls_index=np.array(out["cls"], dtype=np.int64), example_index=np.array(out["ex"], dtype=np.int64),
         stats=stats)
+
+
+def tokenize_sentences(examples: list[TaggingExample], tokenizer) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """Each sentence's sub-tokens without special tokens, once: [(ids (L,), word id (L,))], and the
+    number of words that stand in as the unknown token (see below)."""
+    enc = tokenizer([e.words for e in examples], is_split_into_words=True, add_special_tokens=False)
+    out, unk_words = [], 0
+    for i, ex in enumerate(examples):
+        ids = np.asarray(enc["input_ids"][i], dtype=np.int64)
+        wid = np.array([-1 if w is None else w for w in enc.word_ids(i)], dtype=np.int64)
+        if len(np.unique(wid[wid >= 0])) < len(ex.words):
+            # Words the tokenizer drops entirely (zero-width or control characters) still need a
+            # prediction: they stand in as the unknown token, and are counted.
+            ids, wid, n = _with_unknown_words(tokenizer, ex, ids, wid)
+            unk_words += n
+        out.append((ids, wid))
+    return out, unk_words
+
+
+def first_subtokens(wid: np.ndarray) -> np.ndarray:
+    """(L,) bool: the token is the first sub-token of its word (word ids -1 mark special tokens)."""
+    return np.r_[True, wid[1:] != wid[:-1]] & (wid >= 0)
 
 
 def _around(x: np.ndarray, value, prefix: list, suffix: list) -> np.ndarray:

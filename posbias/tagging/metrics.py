@@ -38,11 +38,20 @@ def entities(sequences: list[list[str]], scheme: str) -> list[list[tuple[str, in
     return [[(e.tag, e.start, e.end) for e in sent] for sent in found]
 
 
-def entity_scores(gold: list[list[str]], pred: list[list[str]], scheme: str) -> dict:
-    """Micro precision/recall/F1 over entities and the same per entity type, strict mode."""
-    g, p = entities(gold, scheme), entities(pred, scheme)
+def entity_scores(gold: list[list[str]], pred: list[list[str]], scheme: str, gold_entities=None) -> dict:
+    """Micro precision/recall/F1 over entities and the same per entity type, strict mode.
+    `gold_entities`: `entities(gold, scheme)` when the caller has it already (scoring many
+    predictions against one gold set)."""
+    g = gold_entities if gold_entities is not None else entities(gold, scheme)
+    out = scores_of_entities(g, entities(pred, scheme))
+    out.update(scheme=scheme, sentences=len(gold), words=sum(map(len, gold)))
+    return out
+
+
+def scores_of_entities(gold: list[list[tuple]], pred: list[list[tuple]]) -> dict:
+    """P/R/F1 (micro and per type) of per-sentence entity lists, (type, start, end) each."""
     per: dict[str, list[int]] = {}  # type -> [true positives, predicted, gold]
-    for gs, ps in zip(g, p):
+    for gs, ps in zip(gold, pred):
         gset, pset = set(gs), set(ps)
         for t, *_ in gset & pset:
             per.setdefault(t, [0, 0, 0])[0] += 1
@@ -51,8 +60,7 @@ def entity_scores(gold: list[list[str]], pred: list[list[str]], scheme: str) -> 
         for t, *_ in gset:
             per.setdefault(t, [0, 0, 0])[2] += 1
     tp, n_pred, n_gold = (sum(v[i] for v in per.values()) for i in range(3))
-    out = {"scheme": scheme, **_prf(tp, n_pred, n_gold), "entities": n_gold, "predicted_entities": n_pred,
-           "sentences": len(gold), "words": sum(map(len, gold))}
+    out = {**_prf(tp, n_pred, n_gold), "entities": n_gold, "predicted_entities": n_pred}
     out["per_class"] = {t: {**_prf(*v), "support": v[2]} for t, v in sorted(per.items())}
     return out
 

@@ -30,6 +30,11 @@ def read_for(spec, cfg):
     d = cfg.data
     paths = [resolve_path(p) for p in spec] if isinstance(spec, (list, tuple)) else resolve_path(spec)
     ds = read_tagging(paths, on_bad_record=d.on_bad_record, **d.read_options())
+    if d.length_quantiles is not None:  # D*: the middle of this file's length distribution
+        from .duplicated import length_subset
+
+        ds.examples, info = length_subset(ds.examples, tuple(d.length_quantiles))
+        ds.length_subset = info
     if d.label_scheme != "auto" and ds.scheme != d.label_scheme:
         if ds.scheme == "none":
             from ..errors import ConfigError
@@ -68,7 +73,8 @@ class TaggingTask:
         return read_for(spec, cfg)
 
     def run_info(self, cfg, train_ds) -> dict:
-        return {"labels": label_list(train_ds), "scheme": train_ds.scheme, "source_scheme": train_ds.source_scheme}
+        return {"labels": label_list(train_ds), "scheme": train_ds.scheme, "source_scheme": train_ds.source_scheme,
+                "train_length_subset": train_ds.length_subset}
 
     def train_features(self, examples, tokenizer, cfg, train_ds):
         from .features import build_tagging_features
@@ -116,6 +122,26 @@ class TaggingTask:
         from .evaluate import evaluate_checkpoint
 
         return evaluate_checkpoint(model, data, output_dir, overrides=overrides, progress=progress)
+
+    def position_eval_checkpoint(self, model, data, out_dir, options: dict) -> dict:
+        """The duplicated-test-set evaluation F1(α) of a checkpoint (`posbias diagnose tagging`)."""
+        from .diagnose import diagnose
+
+        opts = dict(options)
+        if opts.get("quantiles") is not None:
+            opts["quantiles"] = tuple(opts["quantiles"])
+        return diagnose(model, data, out_dir, progress=False, **opts)
+
+    def position_metrics(self, result: dict, alphas) -> dict:
+        from .duplicated import experiment_metrics
+
+        return experiment_metrics(result, tuple(alphas))
+
+    def report_figures(self, results: dict, plots_dir) -> list:
+        """(title, png) pairs for an experiment report: F1(α) by method for each position evaluation."""
+        from .diagnose import plot_methods_by_alpha
+
+        return plot_methods_by_alpha(results, plots_dir)
 
     def example_scores(self, dataset, eval_dir, run_info: dict) -> dict:
         """Sentence id -> (numerator, denominator) of the main metric (see

@@ -6,7 +6,6 @@ not be copied into the repository).
 """
 import gzip
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -210,7 +209,6 @@ def test_real_data_official_counts(rel, sentences, words, entities):
     path = SHARED / rel
     if not path.exists():
         pytest.skip(f"{path} not present")
-    start = time.perf_counter()
     ds = read_tagging(path)
     assert len(ds.examples) == sentences and not ds.skipped
     assert len({e.id for e in ds.examples}) == sentences
@@ -221,4 +219,3 @@ def test_real_data_official_counts(rel, sentences, words, entities):
     if rel.startswith("conll2003/"):  # articles, one per -DOCSTART- (the CoNLL-2003 paper's table 1)
         articles = {"train": 946, "valid": 216, "test": 231}[Path(rel).name.split(".")[0]]
         assert len({e.meta["doc"] for e in ds.examples}) == articles
-    assert time.perf_counter() - start < 10  # a few seconds at most, even on a slow CI core

@@ -1,0 +1,258 @@
+"""`posbias diagnose tagging`: the position-bias diagnosis of any local token-classification model
+(a posbias run or a Hugging Face `*ForTokenClassification` folder) on a tagging file: the
+duplicated-test-set evaluation F1(α) / Prec(α) / Rec(α) in duplicate and shift mode, per class,
+consistency, and the data's length and class-position statistics (`posbias.tagging.duplicated`,
+`posbias.tagging.stats`). Writes diagnosis.md, a self-contained diagnosis.html, diagnosis.json
+and its plots, with the run's config and versions.
+"""
+from __future__ import annotations
+
+import html
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .duplicated import MODES
+
+_NAMES = {"f1": "F1", "precision": "Prec", "recall": "Rec", "accuracy": "Acc", "macro_f1": "macro F1",
+          "consistency": "consistency"}
+
+
+def _fmt(mean, std=None) -> str:
+    if mean is None:
+        return "–"
+    return f"{mean:.2f}" + (f" ± {std:.2f}" if std else "")
+
+
+def plot_position_curves(result: dict, path: Path, title: str) -> Path:
+    """The paper's Fig. 7 for one model: the main metric, precision and recall (POS: accuracy, macro
+    F1) and consistency against α; duplicate mode as mean ± sample std over k >= α (band) with each
+    k as a thin line, shift mode dashed."""
+    from ..analysis.report import _plt
+
+    plt = _plt()
+    keys = (["accuracy", "macro_f1", "consistency"] if result["scheme"] == "none"
+            else ["f1", "precision", "recall", "consistency"])
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.4 * len(keys), 3.2), squeeze=False)
+    dup, shift = result.get("duplicate"), result.get("shift")
+    for ax, key in zip(axes[0], keys):
+        if dup:
+            for k in sorted({c["k"] for c in dup["cells"]}):
+                cells = sorted((c for c in dup["cells"] if c["k"] == k), key=lambda c: c["alpha"])
+                if len(cells) > 1:
+                    ax.plot([c["alpha"] for c in cells], [c.get(key) for c in cells], color="tab:blue", lw=0.5,
+                            alpha=0.25)
+            rows = [r for r in dup["by_alpha"] if r.get(f"{key}_mean") is not None]
+            a = np.array([r["alpha"] for r in rows])
+            m = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
+            s = np.array([r[f"{key}_std"] for r in rows], dtype=float)
+            ax.plot(a, m, marker="o", color="tab:blue", label="duplicate (mean over k ≥ α)")
+            ax.fill_between(a, m - s, m + s, color="tab:blue", alpha=0.2)
+        if shift and "by_alpha" in shift:
+            rows = [r for r in shift["by_alpha"] if r.get(f"{key}_mean") is not None]
+            ax.plot([r["alpha"] for r in rows], [r[f"{key}_mean"] for r in rows], marker="s", ls="--",
+                    color="tab:orange", label="shift (one copy, positions moved)")
+        ax.set_xlabel("α (copy)")
+        ax.set_title(f"{_NAMES[key]}(α)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_per_class(result: dict, path: Path, title: str) -> Path | None:
+    """Per-class F1(α) (duplicate mode, mean over k >= α), the classes the paper's Fig. 9 shows."""
+    from ..analysis.report import _plt
+
+    dup = result.get("duplicate")
+    if not dup:
+        return None
+    plt = _plt()
+    classes = list(dup["by_alpha"][0]["per_class"])
+    if result["scheme"] == "none":  # POS: the most frequent tags only, or the plot is unreadable
+        first = next(c for c in dup["cells"] if c["k"] == 1)
+        classes = sorted(classes, key=lambda t: -first["per_class"].get(t, {}).get("support", 0))[:8]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for cls in classes:
+        rows = [r for r in dup["by_alpha"] if r["per_class"][cls]["f1_mean"] is not None]
+        ax.plot([r["alpha"] for r in rows], [r["per_class"][cls]["f1_mean"] for r in rows], marker="o", label=cls)
+    ax.set_xlabel("α (copy)")
+    ax.set_ylabel("F1 (mean over k ≥ α)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _alpha_table(result: dict) -> tuple[list[str], list[list[str]]]:
+    keys = (["accuracy", "macro_f1", "consistency"] if result["scheme"] == "none"
+            else ["f1", "precision", "recall", "consistency"])
+    dup, shift = result.get("duplicate"), result.get("shift")
+    head = ["α", "k values"] + [f"{_NAMES[k]}(α)" for k in keys]
+    if shift and "by_alpha" in shift:
+        head += [f"shift {_NAMES[keys[0]]}(α)", "shift consistency"]
+    body = []
+    for i in range(result["subset"]["k_max"]):
+        row = [str(i + 1)]
+        if dup:
+            r = dup["by_alpha"][i]
+            row += [f"{r['alpha']}..{result['subset']['k_max']}"] + [_fmt(r[f"{k}_mean"], r[f"{k}_std"]) for k in keys]
+        else:
+            row += ["–"] * (1 + len(keys))
+        if shift and "by_alpha" in shift:
+            r = shift["by_alpha"][i]
+            row += [_fmt(r[f"{keys[0]}_mean"]), _fmt(r["consistency_mean"])]
+        body.append(row)
+    return head, body
+
+
+def _class_table(result: dict, alphas=(1, 5, 10)) -> tuple[list[str], list[list[str]]] | None:
+    dup = result.get("duplicate")
+    if not dup:
+        return None
+    k_max = result["subset"]["k_max"]
+    alphas = [a for a in alphas if a <= k_max]
+    first = next(c for c in dup["cells"] if c["k"] == 1)
+    classes = sorted(dup["by_alpha"][0]["per_class"], key=lambda t: -first["per_class"].get(t, {}).get("support", 0))
+    head = ["class", "support"] + [f"F1({a})" for a in alphas] + [f"Δ F1({alphas[-1]}) − F1(1)"]
+    body = []
+    for cls in classes:
+        vals = [dup["by_alpha"][a - 1]["per_class"][cls] for a in alphas]
+        d = (vals[-1]["f1_mean"] - vals[0]["f1_mean"]) if None not in (vals[-1]["f1_mean"], vals[0]["f1_mean"]) else None
+        body.append([cls, str(first["per_class"].get(cls, {}).get("support", 0))]
+                    + [_fmt(v["f1_mean"], v["f1_std"]) for v in vals] + [_fmt(d)])
+    return head, body
+
+
+def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str, Path]] = ()) -> list[Path]:
+    """diagnosis.md / .html / .json and the plots of a `position_eval` result, into `out`."""
+    from ..analysis.report import html_figure, html_page, html_table, md_table
+    from ..utils import atomic_write_json, atomic_write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    plots = [("F1(α), Prec(α), Rec(α) and consistency (Fig. 7)",
+              plot_position_curves(result, out / "position_curves.png", title))]
+    pc = plot_per_class(result, out / "per_class.png", "Per-class F1(α), duplicate mode")
+    if pc is not None:
+        plots.append(("Per-class F1(α) (Fig. 9)", pc))
+    plots += list(data_plots)
+    sub = result["subset"]
+    metric = _NAMES[result["metric"]]
+    intro = [
+        f"Data: `{result['data']}` ({sub['split_sentences']:,} sentences). "
+        + (f"D*: sentence lengths in [{sub['length_bounds'][0]:g}, {sub['length_bounds'][1]:g}] words, the "
+           f"{sub['quantiles'][0]:g} and {sub['quantiles'][1]:g} quantiles: {sub['subset_sentences']:,} sentences. "
+           if sub.get("length_bounds") else "All sentences (no length subset). ")
+        + f"Evaluated for every k = 1..{sub['k_max']}: the {sub['evaluated_sentences']:,} whose {sub['k_max']} copies "
+          f"fit {sub['max_len']} tokens ({sub['left_out']:,} left out, {100 * sub['left_out_share']:.1f}%); "
+          f"copies joined by `{sub['separator']}`.",
+        f"{metric} on D*_test as is (k = 1): **{_fmt(result['summary'].get(result['metric']))}**. "
+        f"{metric}(α) is copy α's score, averaged (± sample std) over every k ≥ α as in the paper's tables; "
+        "consistency(α) is the share of what copy 1 got right that copy α also gets right. "
+        "Shift mode feeds one copy whose position ids start where copy α would (no repeated context).",
+    ]
+    if "skipped" in (result.get("shift") or {}):
+        intro.append(f"Shift mode skipped: {result['shift']['skipped']}.")
+    t = result["timing"]
+    intro.append(f"{t['real_tokens']:,} real tokens in {t['seconds']:.1f} s ({t['tokens_per_s']:,.0f} tokens/s).")
+    head, body = _alpha_table(result)
+    md = [f"# {title}", ""] + [x + "\n" for x in intro] + [f"## {metric}(α)", "", md_table(head, body), ""]
+    htm = [f"<h1>{html.escape(title)}</h1>"] + [f"<p>{html.escape(x).replace('**', '')}</p>" for x in intro]
+    htm += [f"<h2>{html.escape(metric)}(α)</h2>", html_table(head, body)]
+    ct = _class_table(result)
+    if ct:
+        md += ["## Per class (duplicate mode)", "", md_table(*ct), ""]
+        htm += ["<h2>Per class (duplicate mode)</h2>", html_table(*ct)]
+    md += ["## Plots", ""]
+    htm.append("<h2>Plots</h2>")
+    for name, p in plots:
+        md += [f"![{name}]({Path(p).name})", ""]
+        htm.append(html_figure(name, p, Path(p).name))
+    atomic_write_text(out / "diagnosis.md", "\n".join(md) + "\n")
+    atomic_write_text(out / "diagnosis.html", html_page(title, htm))
+    atomic_write_json(out / "diagnosis.json", result)
+    return [Path(p) for _, p in plots]
+
+
+def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75), modes=MODES,
+             max_len: int | None = None, batch_tokens: int = 16_384, overrides=None, progress: bool = True) -> dict:
+    """Position-bias diagnosis of a tagging checkpoint on `data` (see the module docstring).
+    Returns the `position_eval` result with the paths written."""
+    from ..checkpoint import eval_config, load_checkpoint, write_run_meta
+    from .duplicated import length_subset, position_eval
+    from .stats import class_positions, plot_class_positions, plot_length_density
+    from .task import read_for
+
+    t0 = time.time()
+    net, tokenizer, mcfg = load_checkpoint(model, task="tagging")
+    cfg = eval_config(mcfg, overrides)
+    ds = read_for(data, cfg)
+    if cfg.data.max_eval_examples:
+        ds.examples = ds.examples[: cfg.data.max_eval_examples]
+    result = position_eval(net, tokenizer, ds, k_max=k_max, quantiles=tuple(quantiles) if quantiles else None,
+                           modes=tuple(modes), max_len=max_len, batch_tokens=batch_tokens, progress=progress)
+    result["model"] = str(model)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lengths = np.array([len(e.words) for e in ds.examples])
+    bounds = result["subset"].get("length_bounds")
+    data_plots = [("Sentence-length density (D* shaded)",
+                   plot_length_density({Path(ds.path).name: lengths}, out / "length_density.png",
+                                       {Path(ds.path).name: bounds} if bounds else None))]
+    subset, _ = length_subset(ds.examples, tuple(quantiles) if quantiles else None)
+    positions = class_positions(type(ds)(ds.path, ds.format, ds.scheme, subset))
+    if positions:
+        data_plots.append(("Class positions in D*",
+                           plot_class_positions(positions, out / "class_positions.png", "Class positions in D*")))
+    plots = write_report(result, out, f"Position diagnosis of `{model}`", data_plots)
+    write_run_meta(out, cfg, "diagnose tagging", model, ds.path, t0, skipped=ds.skipped)
+    result["plots"] = [str(p) for p in plots]
+    return result
+
+
+def plot_methods_by_alpha(results: dict, plots_dir) -> list[tuple[str, Path]]:
+    """Experiment report figures: for each position evaluation (metrics named "<set> D*(k)"), the
+    main metric against α per method, mean ± sample std over seeds, duplicate (solid) and shift
+    (dashed) mode."""
+    from ..analysis.report import _plt
+
+    finished = [r for r in results["runs"] if r["status"] == "finished"]
+    sets = sorted({k for r in finished for k, m in r["metrics"].items() if "report" in m})
+    out = []
+    for eval_set in sets:
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(7, 4))
+        metric = None
+        for i, method in enumerate(results["methods"]):
+            ms = [r["metrics"][eval_set] for r in finished if r["method"] == method and eval_set in r["metrics"]]
+            if not ms:
+                continue
+            metric = ms[0]["metric"]
+            color = f"C{i}"
+            for tag, ls in (("", "-"), ("shift_", "--")):
+                curves = [m[f"{tag}{metric}_by_alpha"] for m in ms if f"{tag}{metric}_by_alpha" in m]
+                if not curves:
+                    continue
+                arr = np.array([[np.nan if v is None else v for v in c] for c in curves], dtype=float)
+                mean = np.nanmean(arr, axis=0)
+                a = np.arange(1, len(mean) + 1)
+                ax.plot(a, mean, ls=ls, marker="o" if not tag else None, color=color,
+                        label=f"{method}{' (shift)' if tag else ''} (n={len(curves)})")
+                if len(curves) > 1 and not tag:
+                    std = np.nanstd(arr, axis=0, ddof=1)
+                    ax.fill_between(a, mean - std, mean + std, color=color, alpha=0.15)
+        ax.set_xlabel("α (copy)")
+        ax.set_ylabel(f"{_NAMES.get(metric, metric)}(α), mean over k ≥ α")
+        ax.set_title(f"{eval_set}: {_NAMES.get(metric, metric)}(α) by method (band: ± std over seeds)")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = Path(plots_dir) / f"position_eval_{eval_set.split()[0]}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        out.append((f"{eval_set}: {_NAMES.get(metric, metric)}(α) by method", path))
+    return out

@@ -1,0 +1,358 @@
+"""Position-bias evaluation of a tagger on duplicated test sets: F1(α), Prec(α), Rec(α) (Ben Amor et
+al., "Impact of Position Bias on Language Models in Token Classification", §3.2, Eq. 2).
+
+* D*: the sentences whose word length lies between two quantiles (Q1 and Q3 by default) of their
+  split's length distribution; `length_subset`.
+* D*_test(k): every sentence repeated k times in one input, copies joined by the tokenizer's own
+  separator token: `prefix x sep x sep ... x suffix` ([CLS] x [SEP] x [SEP] ... x [SEP] for BERT).
+  F1(α) scores the predictions of copy α (α = 1..k) against the gold tags, so the same words are
+  scored at later and later positions with their local context unchanged.
+* The subset is fixed across k: only sentences whose k_max copies fit the model's length are
+  evaluated, for every k (the authors' code drops what overflows at each k separately, so each k
+  is scored on a different subset); the count and share left out are reported.
+* `shift` mode simulates copy α with a single copy whose position ids start where copy α would
+  (the Random Padding / RPP mechanism, `posbias.perturb.position_shift`): it moves the words
+  without repeating the context, which separates "position" from "repeated context".
+* Consistency(α): of the entities (POS: words) predicted right in copy 1, the share also right in
+  copy α of the same input.
+
+Token ids are never re-tokenized per k: each sentence is tokenized once and its ids duplicated.
+All (k, sentence) inputs are batched together, longest first, under a token budget per batch.
+
+Shape legend: n sentences, L_i tokens of sentence i (no special tokens), W_i its words, k copies,
+b rows of a batch, s the longest row of a batch, c labels.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..analysis.stats import mean_std
+from ..errors import ConfigError
+from ..perturb.position_shift import RELATIVE_POSITION_MODELS, RELATIVE_POSITION_TYPES, shift_position_ids
+from . import metrics as M
+from .examples import TaggingDataset, TaggingExample
+from .features import first_subtokens, separator_id, special_tokens, tokenize_sentences
+
+MODES = ("duplicate", "shift")
+
+
+def length_subset(examples: list[TaggingExample], quantiles: tuple[float, float] | None = (0.25, 0.75)):
+    """D*: (the sentences whose word length lies in [q_lo, q_hi] quantiles of `examples`' lengths,
+    a description). `quantiles` None keeps every sentence."""
+    lengths = np.array([len(e.words) for e in examples], dtype=np.int64)
+    info = {"quantiles": list(quantiles) if quantiles else None, "split_sentences": len(examples)}
+    if not quantiles or not len(examples):
+        info.update(length_bounds=None, subset_sentences=len(examples))
+        return list(examples), info
+    lo_q, hi_q = quantiles
+    if not 0 <= lo_q <= hi_q <= 1:
+        raise ConfigError(f"quantiles must satisfy 0 <= low <= high <= 1, got {list(quantiles)}")
+    lo, hi = (float(x) for x in np.quantile(lengths, [lo_q, hi_q]))
+    keep = [e for e, n in zip(examples, lengths) if lo <= n <= hi]
+    info.update(length_bounds=[lo, hi], subset_sentences=len(keep))
+    return keep, info
+
+
+def usable_length(model, tokenizer, max_len: int | None = None) -> int:
+    """Tokens an input may hold: `max_len` if given, else the encoder's position table (minus its
+    first position id, RoBERTa's offset), else the tokenizer's model_max_length, else 512."""
+    if max_len is not None:
+        return int(max_len)
+    config = model.encoder.config
+    n_pos = getattr(config, "max_position_embeddings", None)
+    if n_pos:
+        return int(n_pos) - int(getattr(model, "position_base", 0))
+    limit = getattr(tokenizer, "model_max_length", None)
+    return int(limit) if limit and limit < 100_000 else 512
+
+
+def shift_applicable(model) -> str | None:
+    """None when shifting position ids moves the words for this encoder, else why not."""
+    config = model.encoder.config
+    kind = getattr(config, "position_embedding_type", "absolute")
+    if kind in RELATIVE_POSITION_TYPES or config.model_type in RELATIVE_POSITION_MODELS:
+        return f"{config.model_type} uses relative or rotary positions: shifted ids leave its outputs unchanged"
+    inputs = getattr(model, "_inputs", None)
+    if inputs is not None and not inputs.positions:
+        return f"{config.model_type} takes no position ids (ALiBi or similar relative biases)"
+    return None
+
+
+def duplicate_input(prefix: list[int], body: np.ndarray, sep: int, suffix: list[int], k: int) -> np.ndarray:
+    """(P + kL + k - 1 + S,) ids of D*_test(k)'s input: prefix, k copies of `body` joined by `sep`, suffix."""
+    return np.r_[prefix, np.tile(np.r_[body, sep], k)[:-1], suffix].astype(np.int64)
+
+
+def copy_slots(n_prefix: int, body_len: int, firsts: np.ndarray, k: int) -> np.ndarray:
+    """(k, W) slot of each word's first sub-token in each copy of a `duplicate_input` (copy α starts
+    (α - 1)(L + 1) slots after the prefix: L tokens plus one separator per earlier copy)."""
+    return n_prefix + np.arange(k)[:, None] * (body_len + 1) + np.asarray(firsts)[None, :]
+
+
+def copy_shift(alpha: int, body_len: int) -> int:
+    """Shift mode: how far copy α's position ids lie beyond copy 1's."""
+    return (alpha - 1) * (body_len + 1)
+
+
+@dataclass
+class _Rows:
+    """The inputs of one mode: per row its sentence, k (duplicate) or α (shift), and length."""
+
+    sentence: np.ndarray  # (rows,) index into the evaluated sentences
+    k: np.ndarray  # (rows,) copies in the input (duplicate) or the simulated copy α (shift)
+    length: np.ndarray  # (rows,) tokens, special tokens included
+
+
+def _predict_rows(model, rows: _Rows, build, device, batch_tokens: int, pad_id: int,
+                  progress: bool, desc: str) -> list[np.ndarray]:
+    """Run every row, longest first, in batches of at most `batch_tokens` padded tokens; returns per
+    row the (copies, W) predicted label ids. `build(row) -> (ids (s,), position ids or None,
+    first-token positions (n_copies, W))`."""
+    order = np.argsort(-rows.length, kind="stable")
+    out: list[np.ndarray | None] = [None] * len(order)
+    start = 0
+    bar = tqdm(total=len(order), desc=desc, leave=False, disable=not progress)
+    with torch.inference_mode():
+        while start < len(order):
+            size = max(1, min(512, batch_tokens // int(rows.length[order[start]])))
+            idx = order[start:start + size]
+            start += len(idx)
+            built = [build(r) for r in idx]
+            s = max(len(b[0]) for b in built)
+            ids = np.full((len(idx), s), pad_id, dtype=np.int64)
+            mask = np.zeros((len(idx), s), dtype=np.int64)
+            pos = None if built[0][1] is None else np.zeros((len(idx), s), dtype=np.int64)
+            for j, (x, p, _) in enumerate(built):  # right padding: real tokens keep their slots
+                ids[j, :len(x)] = x
+                mask[j, :len(x)] = 1
+                if pos is not None:
+                    pos[j, :len(x)] = p
+            batch = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
+            if pos is not None:
+                batch["position_ids"] = torch.from_numpy(pos).to(device)
+            label = model(batch)["logits"].argmax(-1).cpu().numpy()  # (b, s)
+            for j, r in enumerate(idx):
+                out[r] = label[j, built[j][2]]  # (copies, W)
+            bar.update(len(idx))
+    bar.close()
+    return out
+
+
+def _scores(gold_tags, gold_ents, pred_tags, scheme: str, first_right=None) -> tuple[dict, object]:
+    """Metrics of one (k, α) cell and what copy α got right (for consistency against copy 1)."""
+    if scheme == "none":
+        res = M.tag_scores(gold_tags, pred_tags)
+        right = [np.array(g, dtype=object) == np.array(p, dtype=object) for g, p in zip(gold_tags, pred_tags)]
+        if first_right is not None:
+            base = sum(int(a.sum()) for a in first_right)
+            both = sum(int((a & b).sum()) for a, b in zip(first_right, right))
+            res["consistency"] = 100 * both / base if base else None  # nothing right in copy 1
+        return res, right
+    pred_ents = M.entities(pred_tags, scheme)
+    res = M.scores_of_entities(gold_ents, pred_ents)
+    right = [set(g) & set(p) for g, p in zip(gold_ents, pred_ents)]
+    if first_right is not None:
+        base = sum(len(a) for a in first_right)
+        both = sum(len(a & b) for a, b in zip(first_right, right))
+        res["consistency"] = 100 * both / base if base else None  # nothing right in copy 1
+    return res, right
+
+
+def _mean_std(values) -> tuple[float | None, float | None]:
+    """mean ± sample std of the defined values; (None, None) when there are none (JSON has no NaN)."""
+    vals = [v for v in values if v is not None]
+    return mean_std(vals) if vals else (None, None)
+
+
+def _by_alpha(cells: list[dict], k_max: int, keys: list[str], classes: list[str], class_key: str) -> list[dict]:
+    """For each α: each metric's mean ± sample std over the cells with k >= α (the paper's tables)."""
+    out = []
+    for alpha in range(1, k_max + 1):
+        sel = [c for c in cells if c["alpha"] == alpha]
+        row = {"alpha": alpha, "n_k": len(sel)}
+        for key in keys:
+            row[f"{key}_mean"], row[f"{key}_std"] = _mean_std([c[key] for c in sel])
+        row["per_class"] = {}
+        for cls in classes:
+            m, s = _mean_std([c["per_class"][cls][class_key] for c in sel if cls in c["per_class"]])
+            row["per_class"][cls] = {f"{class_key}_mean": m, f"{class_key}_std": s}
+        out.append(row)
+    return out
+
+
+def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
+                  quantiles: tuple[float, float] | None = (0.25, 0.75), modes=MODES, max_len: int | None = None,
+                  batch_tokens: int = 16_384, progress: bool = True) -> dict:
+    """F1(α), Prec(α), Rec(α) (POS: accuracy(α)) of `model` on D*_test(k), k = 1..k_max, overall and
+    per class, in `duplicate` and/or `shift` mode (module docstring); returns a JSON-able dict.
+
+    Args:
+        model: a TaggerModel (posbias checkpoint or imported Hugging Face folder), in eval mode or not.
+        dataset: the test split read with gold tags; D* is cut from it with `quantiles`.
+        max_len: tokens an input may hold (default: the model's position table, see `usable_length`).
+        batch_tokens: padded tokens per forward batch (memory bound).
+    """
+    unknown = set(modes) - set(MODES)
+    if unknown or not modes:
+        raise ConfigError(f"modes must be a non-empty subset of {MODES}, got {list(modes)}")
+    if not isinstance(k_max, int) or k_max < 1:
+        raise ConfigError(f"k_max must be a positive integer, got {k_max!r}")
+    if any(e.tags is None for e in dataset.examples):
+        raise ConfigError(f"{dataset.path}: the position evaluation needs gold tags")
+    net = getattr(model, "module", model)
+    scheme = net.scheme
+    if (dataset.scheme == "none") != (scheme == "none"):
+        raise ConfigError(f"{dataset.path} has {dataset.scheme} tags but the model predicts {scheme} ones")
+    t0 = time.perf_counter()
+    subset, info = length_subset(dataset.examples, quantiles)
+    if scheme != "none" and dataset.scheme != scheme:
+        from .schemes import convert
+
+        subset = [TaggingExample(e.id, e.words, convert(e.tags, dataset.scheme, scheme), e.meta) for e in subset]
+    prefix, suffix = special_tokens(tokenizer)
+    sep = separator_id(tokenizer)
+    limit = usable_length(net, tokenizer, max_len)
+    tokens, unknown_words = tokenize_sentences(subset, tokenizer) if subset else ([], 0)
+    n_tok = np.array([len(ids) for ids, _ in tokens], dtype=np.int64)
+    full = len(prefix) + k_max * n_tok + (k_max - 1) + len(suffix)  # tokens of the k_max-copy input
+    fits = np.flatnonzero(full <= limit)
+    info.update(k_max=k_max, max_len=limit, separator=tokenizer.convert_ids_to_tokens(sep),
+                evaluated_sentences=int(len(fits)), left_out=int(len(subset) - len(fits)),
+                left_out_share=float(1 - len(fits) / len(subset)) if subset else 0.0,
+                unknown_token_words=unknown_words)
+    if not len(fits):
+        raise ConfigError(f"{dataset.path}: none of the {len(subset)} D* sentences fits {k_max} copies in {limit} "
+                          "tokens; lower k_max or raise max_len")
+    sents = [subset[i] for i in fits]
+    toks = [tokens[i] for i in fits]
+    bodies = [ids for ids, _ in toks]
+    firsts = [np.flatnonzero(first_subtokens(wid)) for _, wid in toks]  # (W,) each
+    P = len(prefix)
+    device = next(iter([*net.parameters(), *net.buffers()]), torch.empty(0)).device
+    was_training = net.training
+    net.eval()
+    labels = np.array(net.labels, dtype=object)
+    gold = [e.tags for e in sents]
+    gold_ents = M.entities(gold, scheme) if scheme != "none" else None
+    key = "accuracy" if scheme == "none" else "f1"
+    keys = ["accuracy", "macro_f1", "consistency"] if scheme == "none" else ["f1", "precision", "recall",
+                                                                               "consistency"]
+    class_key = "f1"
+    classes = sorted({t for s in gold for t in s}) if scheme == "none" else sorted(
+        {t for s in gold_ents for t, _, _ in s})
+    result = {"data": dataset.path, "scheme": scheme, "metric": key, "subset": info}
+    tokens_run = 0
+    try:
+        for mode in modes:
+            if mode == "shift":
+                why = shift_applicable(net)
+                if why:
+                    result["shift"] = {"skipped": why}
+                    continue
+                rows = _Rows(np.tile(np.arange(len(sents)), k_max), np.repeat(np.arange(1, k_max + 1), len(sents)),
+                             np.tile(P + n_tok[fits] + len(suffix), k_max))
+                cls_index = torch.tensor([0 if prefix else -1])
+                base, pad = getattr(net, "position_base", 0), getattr(net, "position_pad", 0)
+
+                def build(r, rows=rows, cls_index=cls_index, base=base, pad=pad):
+                    i, alpha = rows.sentence[r], int(rows.k[r])
+                    x = np.r_[prefix, bodies[i], suffix].astype(np.int64)
+                    tau = torch.tensor([copy_shift(alpha, len(bodies[i]))])
+                    p = shift_position_ids(torch.ones(1, len(x), dtype=torch.long), cls_index, tau, base=base,
+                                           pad_position=pad)[0].numpy()
+                    return x, p, copy_slots(P, len(bodies[i]), firsts[i], 1)
+            else:
+                ks = np.repeat(np.arange(1, k_max + 1), len(sents))
+                rows = _Rows(np.tile(np.arange(len(sents)), k_max), ks,
+                             P + ks * np.tile(n_tok[fits], k_max) + (ks - 1) + len(suffix))
+
+                def build(r, rows=rows):
+                    i, k = rows.sentence[r], int(rows.k[r])
+                    return (duplicate_input(prefix, bodies[i], sep, suffix, k), None,
+                            copy_slots(P, len(bodies[i]), firsts[i], k))
+            tokens_run += int(rows.length.sum())
+            preds = _predict_rows(net, rows, build, device, batch_tokens, tokenizer.pad_token_id, progress,
+                                  f"{mode} k<= {k_max}")
+            cells = []
+            for k in (range(1, k_max + 1) if mode == "duplicate" else [None]):
+                first_right = None
+                for alpha in range(1, (k if k else k_max) + 1):
+                    if mode == "duplicate":
+                        sel = np.flatnonzero(rows.k == k)  # rows of this k, in sentence order
+                        pred_tags = [list(labels[preds[r][alpha - 1]]) for r in sel]
+                    else:
+                        sel = np.flatnonzero(rows.k == alpha)
+                        pred_tags = [list(labels[preds[r][0]]) for r in sel]
+                    res, right = _scores(gold, gold_ents, pred_tags, scheme, first_right)
+                    res["sentences"] = len(sel)  # the same subset for every k
+                    if alpha == 1:
+                        first_right = right
+                        res["consistency"] = 100.0
+                    cells.append({"k": k if k else alpha, "alpha": alpha, **res})
+            # shift: one cell per α (its value does not depend on k), so its std is 0
+            result[mode] = {"cells": cells, "by_alpha": _by_alpha(cells, k_max, keys, classes, class_key)}
+    finally:
+        net.train(was_training)
+    seconds = time.perf_counter() - t0
+    result["timing"] = {"seconds": seconds, "real_tokens": tokens_run, "tokens_per_s": tokens_run / seconds}
+    result["summary"] = summary(result)
+    return result
+
+
+def summary(result: dict, alphas=(1, 5, 10)) -> dict:
+    """Flat numbers for tables and experiments: the main metric at k = 1 (the D* test set as is) and
+    F1(α) / Prec(α) / Rec(α) (POS: accuracy(α)) averaged over k >= α, for each mode."""
+    key = result["metric"]
+    out = {}
+    for mode in MODES:
+        part = result.get(mode)
+        if not part or "by_alpha" not in part:
+            continue
+        tag = "" if mode == "duplicate" else "shift_"
+        rows = {r["alpha"]: r for r in part["by_alpha"]}
+        first = next(c for c in part["cells"] if c["alpha"] == 1 and c["k"] == 1)
+        if mode == "duplicate":
+            out[key] = first[key]
+            for extra in ("precision", "recall", "macro_f1"):
+                if extra in first:
+                    out[extra] = first[extra]
+        for a in alphas:
+            if a in rows:
+                out[f"{tag}{key}_alpha_{a}"] = rows[a][f"{key}_mean"]
+                out[f"{tag}{key}_alpha_{a}_std"] = rows[a][f"{key}_std"]
+                for extra in ("precision", "recall", "consistency"):
+                    if f"{extra}_mean" in rows[a]:
+                        out[f"{tag}{extra}_alpha_{a}"] = rows[a][f"{extra}_mean"]
+    out["scheme"] = result["scheme"]
+    return out
+
+
+def experiment_metrics(result: dict, alphas=(5, 10)) -> dict:
+    """What an experiment stores of a `position_eval` result: the `summary` numbers, the α curves
+    (mean over k >= α) of both modes, and `report`, the [name, key] pairs its report rows show:
+    the main metric at k = 1, its value at each α (averaged over k >= α), shift mode and
+    consistency at the last α."""
+    key = result["metric"]
+    name = "F1" if key == "f1" else "accuracy"
+    k_max = result["subset"]["k_max"]
+    alphas = [a for a in alphas if 1 < a <= k_max]
+    out = dict(summary(result, alphas=(1, *alphas)))
+    report = [[name, key]] + [[f"{name}({a})", f"{key}_alpha_{a}"] for a in alphas]
+    for mode in MODES:
+        part = result.get(mode) or {}
+        if "by_alpha" in part:
+            tag = "" if mode == "duplicate" else "shift_"
+            out[f"{tag}{key}_by_alpha"] = [r[f"{key}_mean"] for r in part["by_alpha"]]
+    if alphas:
+        last = alphas[-1]
+        if f"shift_{key}_alpha_{last}" in out:
+            report.append([f"shift {name}({last})", f"shift_{key}_alpha_{last}"])
+        report.append([f"consistency({last})", f"consistency_alpha_{last}"])
+    out.update(report=report, metric=key, evaluated_sentences=result["subset"]["evaluated_sentences"],
+               left_out=result["subset"]["left_out"])
+    return out
