@@ -307,3 +307,46 @@ def test_tagging_experiment_runs_and_reports(tmp_path):
     md = (tmp_path / "exp" / "report.md").read_text(encoding="utf-8")
     assert "| test | F1 | all_subtokens |" in md and "| test | precision | first_subtoken |" in md
     assert any(p.endswith("comparison_f1.png") for p in out["plots"])
+
+
+def test_position_eval_experiment_runs_and_reports(tmp_path):
+    """D*-trained baseline vs RPP vs CP with the duplicated-test evaluation as an eval of every run:
+    its F1(α) rows (t-test over seeds, no per-sentence bootstrap) and its report figure."""
+    spec = yaml.safe_load((PRESETS / "experiments" / "smoke_position_bias.yaml").read_text(encoding="utf-8"))
+    spec["output_dir"] = str(tmp_path / "exp")
+    spec["seeds"] = [1, 2]
+    res = posbias.experiment_run(spec, progress=False)
+    assert len(res["ran"]) == 6
+    results = load_results(tmp_path / "exp")
+    run = next(r for r in results["runs"] if r["name"] == "rpp/seed1")
+    m = run["metrics"]["test D*(k)"]
+    assert m["report"][0] == ["accuracy", "accuracy"] and len(m["accuracy_by_alpha"]) == 4
+    assert (tmp_path / "exp" / "runs" / "rpp" / "seed1" / "position_eval" / "test" / "diagnosis.json").is_file()
+    info = json.loads((tmp_path / "exp" / "runs" / "rpp" / "seed1" / "run_info.json").read_text(encoding="utf-8"))
+    assert info["train_length_subset"]["quantiles"] == [0.25, 0.75]
+    rows = aggregate(results, bootstrap_samples=100)
+    pos = [r for r in rows if r["eval_set"] == "test D*(k)"]
+    assert {r["metric"] for r in pos} == {"accuracy", "accuracy(2)", "accuracy(4)", "shift accuracy(4)",
+                                          "consistency(4)"}
+    assert all("ttest" in r and "bootstrap" not in r for r in pos if r["method"] != "baseline")
+    out = posbias.experiment_report(tmp_path / "exp", bootstrap_samples=100)
+    assert any(p.endswith("position_eval_test.png") for p in out["plots"])
+    assert "| test D*(k) | accuracy(4) | cp |" in (tmp_path / "exp" / "report.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"position_eval": {"dev": {}}}, "position_eval.dev is not one of the eval_sets"),
+    ({"position_eval": {"test": {"k": 3}}}, "position_eval.test.k is not an option"),
+])
+def test_bad_position_eval_specs_are_refused(tmp_path, change, message):
+    spec = yaml.safe_load((PRESETS / "experiments" / "smoke_position_bias.yaml").read_text(encoding="utf-8"))
+    spec.update(change, output_dir=str(tmp_path / "exp"))
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(spec)
+
+
+def test_position_eval_is_refused_for_qa(tmp_path):
+    spec = yaml.safe_load((PRESETS / "experiments" / "smoke.yaml").read_text(encoding="utf-8"))
+    spec.update(eval_sets={"test": "demo:dev"}, position_eval={"test": {}}, output_dir=str(tmp_path / "exp"))
+    with pytest.raises(ConfigError, match="not available for task 'qa'"):
+        load_experiment(spec)

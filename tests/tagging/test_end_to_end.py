@@ -98,6 +98,22 @@ def test_data_stats(tmp_path):
     stats = json.loads((tmp_path / "stats.json").read_text(encoding="utf-8"))
     assert [s["sentences"] for s in stats] == [150, 150] and stats[1]["class_unit"] == "entities"
     assert 0 < stats[0]["length"]["share_le_25"] <= 1
+    # §3.1: the length density (Fig. 2) and per-class positions (Figs. 3-5), linked from stats.md
+    for name in ("length_density.png", "class_positions_1.png", "class_positions_2.png"):
+        assert (tmp_path / name).is_file() and f"({name})" in (tmp_path / "stats.md").read_text(encoding="utf-8")
+    pos = stats[1]["class_positions"]["location"]
+    assert 0 <= pos["share_first_5"] <= pos["share_first_10"] <= 1
+
+
+def test_class_positions_by_hand():
+    from posbias.tagging.examples import TaggingDataset, TaggingExample
+    from posbias.tagging.stats import class_positions
+
+    ner = TaggingDataset("x", "conll", "iob2", [TaggingExample("a", list("abcd"), ["B-PER", "I-PER", "O", "B-LOC"]),
+                                                TaggingExample("b", list("ab"), ["O", "B-PER"])])
+    assert {k: v.tolist() for k, v in class_positions(ner).items()} == {"LOC": [3], "PER": [0, 1]}
+    pos = TaggingDataset("y", "conllu", "none", [TaggingExample("a", list("abc"), ["NOUN", "VERB", "NOUN"])])
+    assert {k: v.tolist() for k, v in class_positions(pos).items()} == {"NOUN": [0, 2], "VERB": [1]}
 
 
 def test_bad_training_file_is_one_line_naming_file_and_line(tmp_path):
