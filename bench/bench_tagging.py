@@ -102,7 +102,7 @@ def quality(args, out: Path) -> dict:
 
 
 # ---------------------------------------------------------------- run_ner.py defaults vs posbias
-def _hf_features(examples, tok, label_id):
+def hf_features(examples, tok, label_id):
     """run_ner.py's tokenize_and_align_labels: truncation to the model maximum, label on the first
     sub-token of each word, -100 elsewhere; no padding (the collator pads per batch)."""
     enc = tok([e.words for e in examples], is_split_into_words=True, truncation=True,
@@ -117,18 +117,19 @@ def _hf_features(examples, tok, label_id):
     return feats
 
 
-def hf_run_ner(train_ds, test_ds, seed: int, epochs: float, out: Path, max_steps: int | None) -> dict:
+def hf_run_ner(train_ds, test_ds, seed: int, epochs: float, out: Path, max_steps: int | None, batch_size: int = 8,
+               lr: float = 5e-5) -> dict:
     from transformers import (AutoModelForTokenClassification, DataCollatorForTokenClassification, Trainer,
                               TrainingArguments)
 
     tok = tagging_tokenizer(resolve_path("minilm"))
     labels = label_list(train_ds)
     label_id = {t: i for i, t in enumerate(labels)}
-    train = _hf_features(train_ds.examples, tok, label_id)
+    train = hf_features(train_ds.examples, tok, label_id)
     model = AutoModelForTokenClassification.from_pretrained(
         resolve_path("minilm"), num_labels=len(labels), id2label=dict(enumerate(labels)), label2id=label_id,
         local_files_only=True)
-    targs = TrainingArguments(output_dir=str(out), per_device_train_batch_size=8, learning_rate=5e-5,
+    targs = TrainingArguments(output_dir=str(out), per_device_train_batch_size=batch_size, learning_rate=lr,
                               num_train_epochs=epochs, max_steps=max_steps or -1, seed=seed, report_to=[],
                               save_strategy="no", logging_steps=500, disable_tqdm=True, use_cpu=True,
                               dataloader_num_workers=0)
@@ -142,13 +143,13 @@ def hf_run_ner(train_ds, test_ds, seed: int, epochs: float, out: Path, max_steps
     test = posbias.evaluate(out / "model", test_ds.path, out / "test", progress=False,
                             overrides=None)
     return {"steps": steps, "train_seconds": metrics["train_runtime"],
-            "sentences_per_s": steps * 8 / metrics["train_runtime"],
-            "real_tokens_per_s": real * steps / (len(train) / 8) / metrics["train_runtime"],
+            "sentences_per_s": steps * batch_size / metrics["train_runtime"],
+            "real_tokens_per_s": real * steps / (len(train) / batch_size) / metrics["train_runtime"],
             "test_f1": test["f1"], "test_precision": test["precision"], "test_recall": test["recall"]}
 
 
 def posbias_run_ner(seed: int, epochs: float, out: Path, max_steps: int | None, args) -> dict:
-    ov = [f"train.output_dir={out}", f"train.seed={seed}", "train.batch_size=8", "train.lr=5e-5",
+    ov = [f"train.output_dir={out}", f"train.seed={seed}", f"train.batch_size={args.batch_size}", f"train.lr={args.lr}",
           "train.warmup_ratio=0", "train.weight_decay=0", f"train.epochs={epochs}", "train.log_every=50",
           "data.eval_file=null"]
     if max_steps:
@@ -161,8 +162,8 @@ def posbias_run_ner(seed: int, epochs: float, out: Path, max_steps: int | None, 
     test = posbias.evaluate(out / "best", TASKS["conll"]["test"], out / "test", progress=False,
                             overrides=["data.max_eval_examples=100"] if args.quick else None)
     return {"steps": summary["steps"], "train_seconds": summary["train_seconds"],
-            "sentences_per_s": summary["steps"] * 8 / summary["train_seconds"],
-            "real_tokens_per_s": tf["mean_window_tokens"] * summary["steps"] * 8 / summary["train_seconds"],
+            "sentences_per_s": summary["steps"] * args.batch_size / summary["train_seconds"],
+            "real_tokens_per_s": tf["mean_window_tokens"] * summary["steps"] * args.batch_size / summary["train_seconds"],
             "test_f1": test["f1"], "test_precision": test["precision"], "test_recall": test["recall"]}
 
 
@@ -185,7 +186,8 @@ def vs_hf(args, out: Path) -> dict:
         res["posbias"][seed] = posbias_run_ner(seed, args.epochs, out / f"posbias-seed{seed}", max_steps, args)
         print(json.dumps(res["posbias"][seed]), flush=True)
         print(f"== transformers Trainer, run_ner defaults, seed {seed}", flush=True)
-        res["hf_run_ner"][seed] = hf_run_ner(train_ds, test_ds, seed, args.epochs, out / f"hf-seed{seed}", max_steps)
+        res["hf_run_ner"][seed] = hf_run_ner(train_ds, test_ds, seed, args.epochs, out / f"hf-seed{seed}", max_steps,
+                                             batch_size=args.batch_size, lr=args.lr)
         print(json.dumps(res["hf_run_ner"][seed]), flush=True)
     for side in ("posbias", "hf_run_ner"):
         runs = list(res[side].values())
@@ -286,6 +288,8 @@ def main():
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--epochs", type=float, default=3, help="vs-hf: epochs on both sides (run_ner: 3)")
     ap.add_argument("--max-steps", type=int, default=None, help="vs-hf: stop both sides after this many steps")
+    ap.add_argument("--batch-size", type=int, default=8, help="vs-hf: batch size on both sides (run_ner: 8)")
+    ap.add_argument("--lr", type=float, default=5e-5, help="vs-hf: learning rate on both sides (run_ner: 5e-5)")
     ap.add_argument("--raw-batches", type=int, default=30)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, to check the script runs")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 def main():
@@ -36,6 +37,8 @@ def main():
     from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification,
                               Trainer, TrainingArguments)
 
+    from bench_tagging import hf_features
+
     from posbias.config import resolve_path
     from posbias.tagging.duplicated import length_subset
     from posbias.tagging.readers import read_tagging
@@ -45,14 +48,7 @@ def main():
     label_id = {t: i for i, t in enumerate(labels)}
     minilm = resolve_path("minilm")
     tok = AutoTokenizer.from_pretrained(minilm)
-    enc = tok([e.words for e in examples], is_split_into_words=True, truncation=True, max_length=512)
-    train = []
-    for i, e in enumerate(examples):
-        prev, lab = None, []
-        for w in enc.word_ids(i):
-            lab.append(-100 if w is None or w == prev else label_id[e.tags[w]])
-            prev = w
-        train.append({"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": lab})
+    train = hf_features(examples, tok, label_id)  # run_ner.py's tokenize_and_align_labels
     model = AutoModelForTokenClassification.from_pretrained(minilm, num_labels=len(labels),
                                                             id2label=dict(enumerate(labels)), label2id=label_id)
     out = Path(args.out)

@@ -12,7 +12,9 @@ def batch_order(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, *,
     """The epoch's batches of window indices; a pure function of (lengths, seed, epoch).
 
     Every method run with the same seed sees the same batches in the same order (the papers'
-    "identical order of training instances"), because perturbations never change window lengths.
+    "identical order of training instances"): the order is drawn from the windows' lengths before
+    any perturbation, and perturbations act on a batch once it is drawn (Context Perturbation
+    concatenates rows within it), so they never change which windows form a batch.
 
     With `length_grouping`, windows are shuffled, cut into pools of `group_batches` batches, sorted by
     length inside each pool and the resulting batches shuffled again: batches hold windows of
