@@ -214,94 +214,137 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
         from .schemes import convert
 
         subset = [TaggingExample(e.id, e.words, convert(e.tags, dataset.scheme, scheme), e.meta) for e in subset]
-    prefix, suffix = special_tokens(tokenizer)
-    sep = separator_id(tokenizer)
+    inputs = _Inputs.of(subset, tokenizer)
     limit = usable_length(net, tokenizer, max_len)
-    tokens, unknown_words = tokenize_sentences(subset, tokenizer) if subset else ([], 0)
-    n_tok = np.array([len(ids) for ids, _ in tokens], dtype=np.int64)
-    full = len(prefix) + k_max * n_tok + (k_max - 1) + len(suffix)  # tokens of the k_max-copy input
-    fits = np.flatnonzero(full <= limit)
-    info.update(k_max=k_max, max_len=limit, separator=tokenizer.convert_ids_to_tokens(sep),
+    fits = np.flatnonzero(inputs.length(np.arange(len(subset)), k_max) <= limit)  # the k_max-copy input fits
+    info.update(k_max=k_max, max_len=limit, separator=tokenizer.convert_ids_to_tokens(inputs.sep),
                 evaluated_sentences=int(len(fits)), left_out=int(len(subset) - len(fits)),
                 left_out_share=float(1 - len(fits) / len(subset)) if subset else 0.0,
-                unknown_token_words=unknown_words)
+                unknown_token_words=inputs.unknown_words)
     if not len(fits):
         raise ConfigError(f"{dataset.path}: none of the {len(subset)} D* sentences fits {k_max} copies in {limit} "
                           "tokens; lower k_max or raise max_len")
-    sents = [subset[i] for i in fits]
-    toks = [tokens[i] for i in fits]
-    bodies = [ids for ids, _ in toks]
-    firsts = [np.flatnonzero(first_subtokens(wid)) for _, wid in toks]  # (W,) each
-    P = len(prefix)
+    inputs = inputs.select(fits)
+    gold = [subset[i].tags for i in fits]
+    scorer = _Scorer(gold, scheme, np.array(net.labels, dtype=object))
     device = next(iter([*net.parameters(), *net.buffers()]), torch.empty(0)).device
+    result = {"data": dataset.path, "scheme": scheme, "metric": scorer.key, "subset": info}
+    tokens_run = 0
     was_training = net.training
     net.eval()
-    labels = np.array(net.labels, dtype=object)
-    gold = [e.tags for e in sents]
-    gold_ents = M.entities(gold, scheme) if scheme != "none" else None
-    key = "accuracy" if scheme == "none" else "f1"
-    keys = ["accuracy", "macro_f1", "consistency"] if scheme == "none" else ["f1", "precision", "recall",
-                                                                               "consistency"]
-    class_key = "f1"
-    classes = sorted({t for s in gold for t in s}) if scheme == "none" else sorted(
-        {t for s in gold_ents for t, _, _ in s})
-    result = {"data": dataset.path, "scheme": scheme, "metric": key, "subset": info}
-    tokens_run = 0
     try:
         for mode in modes:
-            if mode == "shift":
-                why = shift_applicable(net)
-                if why:
-                    result["shift"] = {"skipped": why}
-                    continue
-                rows = _Rows(np.tile(np.arange(len(sents)), k_max), np.repeat(np.arange(1, k_max + 1), len(sents)),
-                             np.tile(P + n_tok[fits] + len(suffix), k_max))
-                cls_index = torch.tensor([0 if prefix else -1])
-                base, pad = getattr(net, "position_base", 0), getattr(net, "position_pad", 0)
-
-                def build(r, rows=rows, cls_index=cls_index, base=base, pad=pad):
-                    i, alpha = rows.sentence[r], int(rows.k[r])
-                    x = np.r_[prefix, bodies[i], suffix].astype(np.int64)
-                    tau = torch.tensor([copy_shift(alpha, len(bodies[i]))])
-                    p = shift_position_ids(torch.ones(1, len(x), dtype=torch.long), cls_index, tau, base=base,
-                                           pad_position=pad)[0].numpy()
-                    return x, p, copy_slots(P, len(bodies[i]), firsts[i], 1)
-            else:
-                ks = np.repeat(np.arange(1, k_max + 1), len(sents))
-                rows = _Rows(np.tile(np.arange(len(sents)), k_max), ks,
-                             P + ks * np.tile(n_tok[fits], k_max) + (ks - 1) + len(suffix))
-
-                def build(r, rows=rows):
-                    i, k = rows.sentence[r], int(rows.k[r])
-                    return (duplicate_input(prefix, bodies[i], sep, suffix, k), None,
-                            copy_slots(P, len(bodies[i]), firsts[i], k))
+            why = shift_applicable(net) if mode == "shift" else None
+            if why:
+                result["shift"] = {"skipped": why}
+                continue
+            rows, build = (inputs.duplicate_rows(k_max) if mode == "duplicate"
+                           else inputs.shift_rows(k_max, getattr(net, "position_base", 0),
+                                                  getattr(net, "position_pad", 0)))
             tokens_run += int(rows.length.sum())
             preds = _predict_rows(net, rows, build, device, batch_tokens, tokenizer.pad_token_id, progress,
                                   f"{mode} k<= {k_max}")
-            cells = []
-            for k in (range(1, k_max + 1) if mode == "duplicate" else [None]):
-                first_right = None
-                for alpha in range(1, (k if k else k_max) + 1):
-                    if mode == "duplicate":
-                        sel = np.flatnonzero(rows.k == k)  # rows of this k, in sentence order
-                        pred_tags = [list(labels[preds[r][alpha - 1]]) for r in sel]
-                    else:
-                        sel = np.flatnonzero(rows.k == alpha)
-                        pred_tags = [list(labels[preds[r][0]]) for r in sel]
-                    res, right = _scores(gold, gold_ents, pred_tags, scheme, first_right)
-                    res["sentences"] = len(sel)  # the same subset for every k
-                    if alpha == 1:
-                        first_right = right
-                        res["consistency"] = 100.0
-                    cells.append({"k": k if k else alpha, "alpha": alpha, **res})
+            cells = scorer.cells(mode, rows, preds, k_max)
             # shift: one cell per α (its value does not depend on k), so its std is 0
-            result[mode] = {"cells": cells, "by_alpha": _by_alpha(cells, k_max, keys, classes, class_key)}
+            result[mode] = {"cells": cells, "by_alpha": _by_alpha(cells, k_max, scorer.keys, scorer.classes, "f1")}
     finally:
         net.train(was_training)
     seconds = time.perf_counter() - t0
     result["timing"] = {"seconds": seconds, "real_tokens": tokens_run, "tokens_per_s": tokens_run / seconds}
     result["summary"] = summary(result)
     return result
+
+
+@dataclass
+class _Inputs:
+    """The evaluated sentences, tokenized once: the tokenizer's specials and separator, each
+    sentence's body ids (L_i,) and the slots of its words' first sub-tokens (W_i,)."""
+
+    prefix: list[int]
+    suffix: list[int]
+    sep: int
+    bodies: list[np.ndarray]
+    firsts: list[np.ndarray]
+    unknown_words: int = 0
+
+    @classmethod
+    def of(cls, examples: list[TaggingExample], tokenizer) -> "_Inputs":
+        prefix, suffix = special_tokens(tokenizer)
+        tokens, unknown = tokenize_sentences(examples, tokenizer) if examples else ([], 0)
+        return cls(prefix, suffix, separator_id(tokenizer), [ids for ids, _ in tokens],
+                   [np.flatnonzero(first_subtokens(wid)) for _, wid in tokens], unknown)
+
+    def select(self, idx) -> "_Inputs":
+        return _Inputs(self.prefix, self.suffix, self.sep, [self.bodies[i] for i in idx],
+                       [self.firsts[i] for i in idx], self.unknown_words)
+
+    def length(self, idx: np.ndarray, k) -> np.ndarray:
+        """Tokens of the k-copy inputs of sentences `idx` (k broadcasts)."""
+        n_tok = np.array([len(self.bodies[i]) for i in idx], dtype=np.int64)
+        return len(self.prefix) + k * n_tok + (k - 1) + len(self.suffix)
+
+    def duplicate_rows(self, k_max: int):
+        """Every (k, sentence) input of D*_test(k), k = 1..k_max, and how to build one."""
+        n = len(self.bodies)
+        ks = np.repeat(np.arange(1, k_max + 1), n)
+        sentence = np.tile(np.arange(n), k_max)
+        rows = _Rows(sentence, ks, self.length(sentence, ks))
+
+        def build(r):
+            i, k = rows.sentence[r], int(rows.k[r])
+            return (duplicate_input(self.prefix, self.bodies[i], self.sep, self.suffix, k), None,
+                    copy_slots(len(self.prefix), len(self.bodies[i]), self.firsts[i], k))
+        return rows, build
+
+    def shift_rows(self, k_max: int, base: int, pad: int):
+        """Every (α, sentence) single-copy input with copy α's position ids, and how to build one."""
+        n = len(self.bodies)
+        sentence = np.tile(np.arange(n), k_max)
+        rows = _Rows(sentence, np.repeat(np.arange(1, k_max + 1), n), self.length(sentence, 1))
+        cls_index = torch.tensor([0 if self.prefix else -1])
+
+        def build(r):
+            i, alpha = rows.sentence[r], int(rows.k[r])
+            x = np.r_[self.prefix, self.bodies[i], self.suffix].astype(np.int64)
+            tau = torch.tensor([copy_shift(alpha, len(self.bodies[i]))])
+            p = shift_position_ids(torch.ones(1, len(x), dtype=torch.long), cls_index, tau, base=base,
+                                   pad_position=pad)[0].numpy()
+            return x, p, copy_slots(len(self.prefix), len(self.bodies[i]), self.firsts[i], 1)
+        return rows, build
+
+
+class _Scorer:
+    """Scores each (k, α) cell of a mode against the gold tags (entities computed once)."""
+
+    def __init__(self, gold: list[list[str]], scheme: str, labels: np.ndarray):
+        self.gold, self.scheme, self.labels = gold, scheme, labels
+        self.gold_ents = M.entities(gold, scheme) if scheme != "none" else None
+        if scheme == "none":
+            self.key, self.keys = "accuracy", ["accuracy", "macro_f1", "consistency"]
+            self.classes = sorted({t for s in gold for t in s})
+        else:
+            self.key, self.keys = "f1", ["f1", "precision", "recall", "consistency"]
+            self.classes = sorted({t for s in self.gold_ents for t, _, _ in s})
+
+    def cells(self, mode: str, rows: _Rows, preds: list[np.ndarray], k_max: int) -> list[dict]:
+        """duplicate: a cell per (k, α ≤ k); shift: a cell per α (its k is α)."""
+        out = []
+        for k in (range(1, k_max + 1) if mode == "duplicate" else [None]):
+            first_right = None
+            for alpha in range(1, (k or k_max) + 1):
+                if mode == "duplicate":
+                    sel = np.flatnonzero(rows.k == k)  # the rows of this k, in sentence order
+                    pred_tags = [list(self.labels[preds[r][alpha - 1]]) for r in sel]
+                else:
+                    sel = np.flatnonzero(rows.k == alpha)
+                    pred_tags = [list(self.labels[preds[r][0]]) for r in sel]
+                res, right = _scores(self.gold, self.gold_ents, pred_tags, self.scheme, first_right)
+                res["sentences"] = len(sel)  # the same subset for every k
+                if alpha == 1:
+                    first_right = right
+                    res["consistency"] = 100.0
+                out.append({"k": k or alpha, "alpha": alpha, **res})
+        return out
 
 
 def summary(result: dict, alphas=(1, 5, 10)) -> dict:
