@@ -15,6 +15,10 @@ from pathlib import Path
 import numpy as np
 
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read the process umask (os.umask can only read it by setting it)
+
+
 def atomic_write_text(path, text: str) -> None:
     """Write via a temporary file + rename, so a crash never leaves a half-written file."""
     path = Path(path)
@@ -23,6 +27,7 @@ def atomic_write_text(path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; results are for sharing
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
