@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--accelerate-args", default="", help="extra arguments for accelerate launch")
     q.add_argument("--dry-run", action="store_true", help="print the expanded runs and their commands")
     q.add_argument("--force", action="store_true", help="redo runs whose config changed")
+    q.add_argument("--only", nargs="+", default=None, metavar="PATTERN",
+                   help="run only these runs (shell patterns of run names, e.g. 'cp/*' rpp/seed2); "
+                        "lets several processes share one grid")
     q = ex.add_parser("report", help="aggregate an experiment folder into report.md/.html + plots")
     q.add_argument("dir")
     q.add_argument("--bootstrap-samples", type=int, default=10_000)
@@ -206,7 +209,8 @@ def run(args) -> int:
         print(api.export(args.model, args.out))
     elif args.command == "experiment" and args.action == "run":
         res = api.experiment_run(args.spec, args.output_dir, launcher=args.launcher,
-                                 accelerate_args=args.accelerate_args, dry_run=args.dry_run, force=args.force)
+                                 accelerate_args=args.accelerate_args, dry_run=args.dry_run, force=args.force,
+                                 only=args.only)
         if args.dry_run:
             for r in res["runs"]:
                 print(f"{r['name']}\t{r['config_hash']}\t{r['command']}")

@@ -40,7 +40,9 @@ from .registry import SEGMENTERS
 
 # Per-question segmenters: name -> function(examples, eval_dir, checkpoint, **options) -> {qid: label},
 # where eval_dir holds the run's predictions/nbest for those examples and checkpoint its model.
-# Position analyses (answer-position quartiles, S_X^(1)/S_X^(2)) register here (analysis/positions.py).
+# Position analyses (answer-position quartiles, S_X^(1)/S_X^(2)) register here (qa/positions.py), and
+# so does the gold answer length (qa/answer_length.py). A segmenter may carry `gold_only` (see
+# gold_segment_labels) and `check_options(options, key)`, called when the spec is loaded.
 
 SPEC_KEYS = {"name", "base", "overrides", "methods", "seeds", "datasets", "train_sizes", "eval_sets",
              "output_dir", "baseline", "segments", "description", "position_eval"}
@@ -103,8 +105,10 @@ def _segment_spec(entry, i: int) -> tuple[str, str, dict]:
         entry = {"name": entry}
     if not isinstance(entry, dict) or "name" not in entry:
         raise ConfigError(f"segments[{i}] must be a name or a mapping with a name, got {entry!r}")
-    SEGMENTERS.get(entry["name"], f"segments[{i}].name")
+    segmenter = SEGMENTERS.get(entry["name"], f"segments[{i}].name")
     options = {k: v for k, v in entry.items() if k != "name"}
+    if hasattr(segmenter, "check_options"):  # refuse bad options now, not after training
+        segmenter.check_options(options, f"segments[{i}]")
     label = entry["name"] + (f"({', '.join(f'{k}={v}' for k, v in sorted(options.items()))})" if options else "")
     return label, entry["name"], options
 
@@ -253,15 +257,25 @@ def plan(exp: Experiment, launcher: str = "local", accelerate_args: str = "") ->
 
 def run_experiment(spec, output_dir: str | None = None, *, launcher: str = "local",
                    accelerate_args: str = "", dry_run: bool = False, force: bool = False,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, only: list[str] | None = None) -> dict:
     """Run every unfinished run of the grid; finished runs are skipped, interrupted ones resumed.
 
     A run whose config changed since it was recorded is refused (all are checked before anything
-    runs) unless `force`, which redoes it from scratch.
+    runs) unless `force`, which redoes it from scratch. `only`: shell patterns of run names (e.g.
+    `cp/*`, `rpp/seed2`); the other runs are left alone, so several processes (or machines sharing
+    the folder) can each take a part of one grid.
     """
     if launcher not in ("local", "accelerate"):
         raise ConfigError(f"--launcher must be local or accelerate, got {launcher!r}")
     exp = load_experiment(spec, output_dir)
+    if only:
+        from fnmatch import fnmatchcase
+
+        picked = [r for r in exp.runs if any(fnmatchcase(r.name, p) for p in only)]
+        if not picked:
+            raise ConfigError(f"--only {' '.join(only)} matches none of the runs of {exp.name} "
+                              f"({', '.join(r.name for r in exp.runs[:6])}{', ...' if len(exp.runs) > 6 else ''})")
+        exp.runs = picked
     if dry_run:
         # Each run's config is written so that the printed commands work as they are, e.g. on the
         # nodes of a cluster; a later `experiment run` then only collects the finished runs.

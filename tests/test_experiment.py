@@ -114,6 +114,7 @@ def test_report_files(smoke):
     md = (exp_dir / "report.md").read_text(encoding="utf-8")
     page = (exp_dir / "report.html").read_text(encoding="utf-8")
     assert "all_token_softmax" in md and "± " in md and "t-test p" in md
+    assert "| answer_length | 01 |" in md  # the smoke spec's gold-answer-length segments
     pngs = sorted((exp_dir / "plots").glob("*.png"))
     assert {p.name for p in pngs} >= {"comparison_f1.png", "comparison_em.png", "learning_curves.png"}
     import base64
@@ -350,3 +351,18 @@ def test_position_eval_is_refused_for_qa(tmp_path):
     spec.update(eval_sets={"test": "demo:dev"}, position_eval={"test": {}}, output_dir=str(tmp_path / "exp"))
     with pytest.raises(ConfigError, match="not available for task 'qa'"):
         load_experiment(spec)
+
+
+def test_only_runs_the_matching_runs(tmp_path):
+    """`--only` patterns pick runs of the grid (e.g. one lane of a parallel run); the rest are untouched."""
+    spec = smoke_spec(tmp_path)
+    plan = posbias.experiment_run(spec, dry_run=True, only=["*/seed2"])
+    assert [r["name"] for r in plan["runs"]] == [f"{m}/seed2" for m in spec["methods"]]
+    with pytest.raises(ConfigError, match="--only nope/\\* matches none of the runs"):
+        posbias.experiment_run(spec, dry_run=True, only=["nope/*"])
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    r = subprocess.run([str(BIN / "posbias"), "experiment", "run", str(spec_file), "--dry-run", "--only",
+                        f"{next(iter(spec['methods']))}/*"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.strip().splitlines()) == 2

@@ -317,7 +317,8 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
            "<h2>Results</h2>", _html_table(head, body)]
     if seg_rows:
         sh, sb = segment_table(seg_rows)
-        note = ("Segments by gold answer position (`first_x_tokens`, `gold_position_quartile`) hold the same "
+        note = ("Segments by gold answer position (`first_x_tokens`, `gold_position_quartile`) or gold answer "
+                "length (`answer_length`: words of the shortest gold answer) hold the same "
                 "questions for every method: their Δ F1 is tested over seeds and by a paired bootstrap over the "
                 "segment's questions. Segments by predicted position differ by method (t-test only).")
         md += ["## Segments", "", note, "", _md_table(sh, sb), ""]

@@ -15,7 +15,8 @@ def collate(features: QAFeatures, idx, *, pad_id: int, padding_side: str = "righ
     """Pad windows `idx` to the longest of them.
 
     Returns tensors: input_ids, attention_mask, token_type_ids (if any) (b, s); span_mask (b, s)
-    bool = context tokens; max_context (b, s) bool; cls_index (b,); pad_left (b,) tokens of left padding, which shift every
+    bool = context tokens; question_mask (b, s) bool = question tokens (without features' question
+    masks: every real token outside the context but [CLS]); max_context (b, s) bool; cls_index (b,); pad_left (b,) tokens of left padding, which shift every
     stored token position; window (b,) window indices; with labels start/end_positions (b,).
     """
     idx = np.asarray(idx)
@@ -25,6 +26,7 @@ def collate(features: QAFeatures, idx, *, pad_id: int, padding_side: str = "righ
     attn = np.zeros((b, s), dtype=np.int64)
     ctx = np.zeros((b, s), dtype=bool)
     maxc = np.zeros((b, s), dtype=bool)
+    qmask = np.zeros((b, s), dtype=bool)
     types = np.zeros((b, s), dtype=np.int64) if features.token_type_ids is not None else None
     pad_left = (s - lens) if padding_side == "left" else np.zeros(b, dtype=np.int64)
     for r, i in enumerate(idx):
@@ -33,12 +35,18 @@ def collate(features: QAFeatures, idx, *, pad_id: int, padding_side: str = "righ
         attn[r, sl] = 1
         ctx[r, sl] = features.offsets[i][:, 0] >= 0
         maxc[r, sl] = features.max_context[i]
+        if features.question_mask is not None:
+            qmask[r, sl] = features.question_mask[i]
+        else:
+            qmask[r, sl] = ~ctx[r, sl]
+            qmask[r, pad_left[r] + features.cls_index[i]] = False
         if types is not None:
             types[r, sl] = features.token_type_ids[i]
     batch = {
         "input_ids": torch.from_numpy(input_ids),
         "attention_mask": torch.from_numpy(attn),
         "span_mask": torch.from_numpy(ctx),
+        "question_mask": torch.from_numpy(qmask),
         "max_context": torch.from_numpy(maxc),
         "cls_index": torch.from_numpy(features.cls_index[idx] + pad_left),
         "pad_left": torch.from_numpy(pad_left.astype(np.int64)),

@@ -70,6 +70,10 @@ class QAConfig(RunConfig):
         if self.model.head is None:
             self.model.head = "independent"
         HEADS.get(self.model.head, "model.head")
+        from .model import make_head
+
+        # The head's options are checked now (on a throwaway 8-wide head), not after the encoder loads.
+        make_head(self.model.head, 8, d.version.startswith("2"), self.model.head_options)
         LABEL_POLICIES.get(d.label_policy, "data.label_policy")
         choice(d.version, ["auto", "1", "2", "1.1", "2.0"], "data.version")
         choice(d.context_first, ["auto", "true", "false"], "data.context_first")

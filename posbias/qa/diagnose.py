@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.updates import PositionUpdateCounter
+from .answer_length import answer_length_labels
 from .positions import (first_x_labels, gold_mention_positions, predicted_start_positions,
                         quartile_labels)
 
@@ -63,8 +64,8 @@ def plot_position_updates(updates: dict, path: Path, label: str = "") -> Path:
 def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool = True) -> dict:
     """Evaluate `model` on `data` and write position analyses into `output_dir`:
     diagnosis.md / .json, F1 by answer-position quartile (gold and predicted, Table 1), S_X^(1) vs
-    S_X^(2) for each X (App. C), an F1-by-position plot and, for a posbias run, the
-    position-embedding update plot (§2.3)."""
+    S_X^(2) for each X (App. C), EM/F1 by gold answer length (MaP Fig. 6), an F1-by-position plot
+    and, for a posbias run, the position-embedding update plot (§2.3)."""
     from ..checkpoint import eval_config, load_checkpoint
     from ..utils import atomic_write_json, atomic_write_text
     from . import metrics as M
@@ -93,6 +94,7 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
     }
     for x in xs:
         tables[f"first_x_tokens(x={x})"] = _table(first_x_labels(mentions, int(x)), scores)
+    tables["answer_length"] = _table(answer_length_labels(ds.examples), scores)
     plots = [plot_position_curve(mentions, scores, d.max_seq_len, out / "f1_by_position.png")]
     run_dir = Path(model).parent
     if (run_dir / "position_updates.json").is_file():
@@ -105,7 +107,8 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
           "Positions are token indices in the input window ([CLS] = 0). Gold: the earliest gold mention "
           "(in the first window holding it). Predicted: the start of the predicted answer (the paper's Table 1).", ""]
     titles = {"gold_position_quartile": "F1 by quarter of the window holding the gold answer start",
-              "pred_position_quartile": "F1 by quarter of the window holding the predicted start (Table 1)"}
+              "pred_position_quartile": "F1 by quarter of the window holding the predicted start (Table 1)",
+              "answer_length": "EM/F1 by length of the shortest gold answer, in words (MaP Fig. 6)"}
     for name, rows in tables.items():
         md += _md(rows, titles.get(name, f"{name}: S_X(1) = some gold mention within the first X tokens, "
                                          "S_X(2) = all later (App. C)"))

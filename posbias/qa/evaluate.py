@@ -67,12 +67,21 @@ def _unwrap(model):
 
 
 def score_predictions(examples: list[QAExample], predictions: dict, null_odds: dict, version: int) -> dict:
+    """The official SQuAD v1.1 / v2.0 result plus `by_answer_length`: bucket -> {"total", EM, "f1"}
+    (MaP Fig. 6), from the same per-question scores the overall numbers average."""
     from . import metrics
+    from .answer_length import answer_length_labels, breakdown
 
     gold = {e.id: e.gold_texts() for e in examples}
     if version == 2:
-        return metrics.squad_v2(gold, predictions, na_probs=null_odds or None)
-    return metrics.squad_v1(gold, predictions)
+        result = metrics.squad_v2(gold, predictions, na_probs=null_odds or None)
+        scores = metrics.per_question(gold, predictions, "2.0", na_probs=null_odds or None)
+    else:
+        result = metrics.squad_v1(gold, predictions)
+        scores = metrics.per_question(gold, predictions, "1.1")
+    em_key = "exact" if version == 2 else "exact_match"
+    result["by_answer_length"] = breakdown(answer_length_labels(examples), scores, em_key)
+    return result
 
 
 def predict_examples(model, tokenizer, cfg: RunConfig, examples: list[QAExample], *, source: str,
@@ -92,7 +101,8 @@ def predict_examples(model, tokenizer, cfg: RunConfig, examples: list[QAExample]
 
 def evaluate_dataset(model, tokenizer, cfg: RunConfig, dataset: QADataset, out_dir=None, *,
                      accelerator=None, progress: bool = True) -> dict:
-    """Predict, score and (main process) write predictions.json, nbest.json, null_odds.json, metrics.json."""
+    """Predict, score and (main process) write predictions.json, nbest.json, null_odds.json, metrics.json
+    (the official SQuAD keys, `windows`, `skipped_records` and `by_answer_length`)."""
     preds, nbest, null_odds, feats, _ = predict_examples(model, tokenizer, cfg, dataset.examples,
                                                          source=dataset.path, accelerator=accelerator,
                                                          progress=progress)

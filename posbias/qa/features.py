@@ -28,6 +28,9 @@ class QAFeatures:
         cls_index: (n,) position of the [CLS] token (the null answer of SQuAD v2).
         example_index: (n,) index of the window's example in the examples list.
         start_positions, end_positions: (n,) token label, -1 for windows built without labels.
+        question_mask: per window (L_i,) bool, True at question tokens (heads that pool the question,
+            MaP paper Eq. 5-6), or None for features built elsewhere (collate then takes every real
+            non-context token).
     """
 
     input_ids: list[np.ndarray]
@@ -39,6 +42,7 @@ class QAFeatures:
     start_positions: np.ndarray
     end_positions: np.ndarray
     stats: dict = field(default_factory=dict)
+    question_mask: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -60,7 +64,8 @@ class QAFeatures:
             offsets=pick(self.offsets), max_context=pick(self.max_context),
             cls_index=self.cls_index[idx], example_index=self.example_index[idx],
             start_positions=self.start_positions[idx], end_positions=self.end_positions[idx],
-            stats=dict(self.stats))
+            stats=dict(self.stats),
+            question_mask=pick(self.question_mask) if self.question_mask is not None else None)
 
 
 def check_fast_tokenizer(tokenizer) -> None:
@@ -209,7 +214,7 @@ def build_qa_features(
                 t -= 1
             labels[i] = (s, t)
 
-    ids, types, offs, cls_idx, ex_idx, starts, ends = [], [], [], [], [], [], []
+    ids, types, offs, qmask, cls_idx, ex_idx, starts, ends = [], [], [], [], [], [], [], []
     n_dropped = n_null = 0
     has_types = "token_type_ids" in enc
     for w, ex in enumerate(enc["overflow_to_sample_mapping"]):
@@ -235,6 +240,7 @@ def build_qa_features(
         ids.append(input_ids)
         types.append(np.array(enc["token_type_ids"][w], dtype=np.int64) if has_types else None)
         offs.append(o)
+        qmask.append(np.array([sid == 1 - ctx_seq for sid in seq_ids], dtype=bool))
         cls_idx.append(c)
         ex_idx.append(ex)
         starts.append(s)
@@ -264,4 +270,4 @@ def build_qa_features(
         input_ids=ids, token_type_ids=types if has_types else None, offsets=offs, max_context=max_ctx,
         cls_index=np.array(cls_idx, dtype=np.int64), example_index=ex_idx_arr,
         start_positions=np.array(starts, dtype=np.int64), end_positions=np.array(ends, dtype=np.int64),
-        stats=stats)
+        stats=stats, question_mask=qmask)

@@ -99,7 +99,7 @@ def test_diagnose_writes_position_analyses(tmp_path):
     res = posbias.diagnose(tmp_path / "run" / "best", DEMO_DEV, tmp_path / "diag", xs=(40, 80),
                            overrides=["data.max_eval_examples=60"], progress=False)
     assert set(res["tables"]) == {"gold_position_quartile", "pred_position_quartile",
-                                  "first_x_tokens(x=40)", "first_x_tokens(x=80)"}
+                                  "first_x_tokens(x=40)", "first_x_tokens(x=80)", "answer_length"}
     for rows in res["tables"].values():
         assert 0 < sum(r["questions"] for r in rows) <= 60
     s40 = {r["segment"]: r["questions"] for r in res["tables"]["first_x_tokens(x=40)"]}

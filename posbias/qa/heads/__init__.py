@@ -12,4 +12,4 @@
 Heads register a factory `(hidden_size, null_answer, **head_options) -> head` in
 `posbias.registry.HEADS`; importing this package registers the built-in ones.
 """
-from . import independent  # noqa: F401
+from . import independent, matrix, pointer  # noqa: F401

@@ -14,10 +14,10 @@ from torch.nn import functional as F
 
 from ...errors import ConfigError
 from ...registry import HEADS
-from .span_scores import band, candidate_mask, masked_logits, top_spans_additive
+from .span_scores import AdditiveSpans, candidate_mask, masked_logits
 
 
-class IndependentHead(nn.Module):
+class IndependentHead(AdditiveSpans, nn.Module):
     def __init__(self, hidden_size: int, null_answer: bool = False, softmax_over: str = "context"):
         super().__init__()
         if softmax_over not in ("context", "all"):
@@ -41,21 +41,6 @@ class IndependentHead(nn.Module):
             out["loss"] = (F.cross_entropy(out["start_logits"].float(), targets["start_positions"])
                            + F.cross_entropy(out["end_logits"].float(), targets["end_positions"])) / 2
         return out
-
-    def span_scores(self, scores: dict, max_answer_len: int) -> torch.Tensor:
-        """(b, L, s) band: [b, l, i] = S·T_i + E·T_(i+l), L = min(max_answer_len, s)."""
-        width = min(max_answer_len, scores["end_logits"].shape[1])
-        end = band(scores["end_logits"], width, torch.finfo(scores["end_logits"].dtype).min)  # (b, L, s)
-        return scores["start_logits"][:, None, :] + end
-
-    def top_spans(self, scores: dict, start_ok, end_ok, max_answer_len: int, k: int):
-        """Fast path of decoding: span scores add up, so no (b, L, s) band is built."""
-        return top_spans_additive(scores["start_logits"], scores["end_logits"], start_ok, end_ok,
-                                  max_answer_len, k)
-
-    def null_scores(self, scores: dict, cls_index: torch.Tensor) -> torch.Tensor:
-        rows = torch.arange(cls_index.shape[0], device=cls_index.device)
-        return scores["start_logits"][rows, cls_index] + scores["end_logits"][rows, cls_index]  # (b,)
 
 
 @HEADS.register("independent")

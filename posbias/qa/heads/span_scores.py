@@ -110,3 +110,24 @@ def top_spans_additive(start: torch.Tensor, end: torch.Tensor, start_ok: torch.T
     ends = starts + idx // kr
     bad = torch.isinf(scores)
     return scores, starts.masked_fill(bad, -1), ends.masked_fill(bad, -1)
+
+
+class AdditiveSpans:
+    """Span scoring for heads whose span score adds up, score(i, j) = start[i] + end[j], read from
+    `scores["start_logits"]` and `scores["end_logits"]` (b, s): the protocol's span_scores,
+    top_spans (the fast exact path) and null_scores."""
+
+    def span_scores(self, scores: dict, max_answer_len: int) -> torch.Tensor:
+        """(b, L, s) band: [b, l, i] = start[i] + end[i + l], L = min(max_answer_len, s)."""
+        width = min(max_answer_len, scores["end_logits"].shape[1])
+        end = band(scores["end_logits"], width, torch.finfo(scores["end_logits"].dtype).min)  # (b, L, s)
+        return scores["start_logits"][:, None, :] + end
+
+    def top_spans(self, scores: dict, start_ok, end_ok, max_answer_len: int, k: int):
+        """Fast path of decoding: span scores add up, so no (b, L, s) band is built."""
+        return top_spans_additive(scores["start_logits"], scores["end_logits"], start_ok, end_ok,
+                                  max_answer_len, k)
+
+    def null_scores(self, scores: dict, cls_index: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(cls_index.shape[0], device=cls_index.device)
+        return scores["start_logits"][rows, cls_index] + scores["end_logits"][rows, cls_index]  # (b,)

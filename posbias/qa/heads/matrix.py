@@ -1,0 +1,302 @@
+"""MaP, the matrix-based conditional span head (Luo et al., "MaP: A Matrix-based Prediction
+Approach to Improve Span Extraction in Machine Reading Comprehension"), §2.3-2.6.
+
+One *direction* (forward = start first, MaP_F; backward = end first) is:
+    p_first = softmax(vᵀ tanh(V Hᵀ + [W h_s]ⁿ)), h_s pooled from the question   Eq. 4-6 (Alg. 1 l. 6)
+    P_second(i, ·) = softmax_j(vᵀ tanh(V [H_j ; H_i]))                         Eq. 7, one row per i
+and a span's probability is p_first(i) · P_second(i, j) (§2.6). V [H_j ; H_i] = V₁H_j + V₂H_i, so a
+matrix entry is vᵀ tanh(A_j + B_i) with A = V₁H, B = V₂H (b, s, l): the (b, s, s, 2d) concatenation
+is never built, and rows are computed in chunks of bounded size.
+
+Options (`model.head_options`):
+- `direction` (§2.6): `forward`, `backward`, or `both` — ONE model with both directions on the
+  shared encoder, trained with the two directions' losses averaged. Chosen over two separately
+  trained models because it costs one encoder pass and one checkpoint, and the same checkpoint
+  decodes as MaP_F (`ensemble: false`) or MaP_E (`ensemble: true`, the default for `both`).
+- `ensemble` (§2.6, MaP_E): top-k pairs F of the forward direction, top-k pairs B of the backward
+  one, pairs of B already in F pruned (F's probability is kept), the best probability wins.
+- `training` (§2.4-2.5): `sampled` (Eq. 8-12) — the top k-1 first positions other than the gold one
+  plus the gold one; for each such row the top k-1 second positions other than the gold one plus
+  the gold one; L_second is the cross-entropy of ONE softmax over the flattened k x k block
+  (Eq. 12's row-wise flatten 𝒯), so only sampled entries get gradient (Fig. 5). `exact`: the same
+  loss over every candidate pair (the k x k block with k covering the sequence), for short inputs
+  and tests; rows are recomputed in the backward pass (checkpointing) to bound memory.
+  Loss: ½(L_first + L_second) (Eq. 10), averaged over directions for `both`.
+- `k` (§2.4, the paper's 20): the sampling size.
+- `inference`: `topk` (the rows of the `inference_k` most probable first positions) or `exact`
+  (every row). A row's softmax runs over the whole context (Eq. 7), so a row costs s·l whatever the
+  band; the band j ∈ [i, i + max_answer_len) is applied after the softmax, and only rows, never
+  the whole (b, s, s, l) tensor, are materialised.
+- `width`: l, the additive-attention width (default: the hidden size).
+
+Note the paper's normalisations differ between training (Eq. 12: one softmax over the sampled
+block) and inference (Eq. 7: a softmax per row); both are implemented as written.
+Scores are log-probabilities, so windows and directions compare directly.
+
+Shape legend: b batch, s sequence, d hidden, l width, r rows kept, c columns kept, L band width.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ...errors import ConfigError
+from ...registry import HEADS
+from .pointer import AdditivePointer, QuestionPooling, check_width, cross_entropy, question_mask, upcast
+from .span_scores import band_from_matrix, candidate_mask, masked_logits
+
+CHUNK_ELEMENTS = 1 << 24  # with gradient, tanh inputs per chunk of rows: (b, r, s, l) <= 16M floats = 64 MB
+CACHE_ELEMENTS = 1 << 20  # without, per chunk of one example's rows: (r, s, l) <= 1M floats = 4 MB
+NEG = float("-inf")
+KEY = {"forward": "fwd", "backward": "bwd"}
+
+
+class PairScorer(nn.Module):
+    """Eq. 7's logits z(i, j) = vᵀ tanh(V₁H_j + V₂H_i): i the condition (row), j the predicted (column)."""
+
+    def __init__(self, hidden_size: int, width: int):
+        super().__init__()
+        self.col = nn.Linear(hidden_size, width, bias=False)  # V₁, applied to H_j
+        self.row = nn.Linear(hidden_size, width, bias=False)  # V₂, applied to H_i
+        self.v = nn.Linear(width, 1, bias=False)
+
+    def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.col(hidden), self.row(hidden)  # A, B: (b, s, l)
+
+    def _rows(self, a: torch.Tensor, b_rows: torch.Tensor) -> torch.Tensor:
+        return self.v(torch.tanh(a[:, None, :, :] + b_rows[:, :, None, :])).squeeze(-1)  # (b, r, s)
+
+    def rows(self, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor,
+             cols: torch.Tensor | None = None) -> torch.Tensor:
+        """(b, r, s) logits of rows `rows` (b, r) against every column, or only the columns where
+        `cols` (b, s) is True (the others come back -inf): a softmax over candidates needs no more.
+
+        With gradient: chunks of rows over the batch, each recomputed in backward (checkpointing).
+        Without: one example at a time, in chunks small enough for the (r, s, l) tanh input to stay
+        in cache (about 2x faster than whole-batch chunks on CPU), in place.
+        """
+        n, s, width = a.shape
+        b_rows = b.gather(1, rows[:, :, None].expand(-1, -1, width))  # (b, r, l)
+        if torch.is_grad_enabled() and (a.requires_grad or b_rows.requires_grad):
+            step = max(1, CHUNK_ELEMENTS // max(1, n * s * width))
+            # Keep only each chunk's inputs for backward: the (b, r, s, l) tanh is recomputed.
+            z = torch.cat([checkpoint(self._rows, a, b_rows[:, c:c + step], use_reentrant=False)
+                           for c in range(0, rows.shape[1], step)], dim=1)
+            return z if cols is None else z.masked_fill(~cols[:, None, :], NEG)
+        v = self.v.weight[0]  # (l,)
+        out = a.new_full((n, rows.shape[1], s), NEG)
+        for i in range(n):
+            idx = cols[i].nonzero().squeeze(1) if cols is not None else None
+            a_i = a[i] if idx is None else a[i, idx]  # (c, l)
+            step = max(1, CACHE_ELEMENTS // max(1, a_i.shape[0] * width))
+            for c in range(0, rows.shape[1], step):
+                x = a_i[None] + b_rows[i, c:c + step, None]  # (rc, c, l)
+                z = torch.tanh_(x) @ v  # (rc, c)
+                if idx is None:
+                    out[i, c:c + step] = z
+                else:
+                    out[i, c:c + step, idx] = z
+        return out
+
+    def pairs(self, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """(b, r, c) logits z(rows[b, r], cols[b, r, c]): the sampled block of Eq. 8-12."""
+        n, r, c = cols.shape
+        width = a.shape[-1]
+        a_cols = a.gather(1, cols.reshape(n, r * c, 1).expand(-1, -1, width)).reshape(n, r, c, width)
+        b_rows = b.gather(1, rows[:, :, None].expand(-1, -1, width))  # (b, r, l)
+        return self.v(torch.tanh(a_cols + b_rows[:, :, None, :])).squeeze(-1)
+
+
+class Direction(nn.Module):
+    """One conditional direction: the first-position pointer (Eq. 4-6) and the matrix (Eq. 7)."""
+
+    def __init__(self, hidden_size: int, width: int):
+        super().__init__()
+        self.pool = QuestionPooling(hidden_size, width)
+        self.pointer = AdditivePointer(hidden_size, width, hidden_size)
+        self.pairs = PairScorer(hidden_size, width)
+
+    def forward(self, hidden: torch.Tensor, qmask: torch.Tensor, mask: torch.Tensor) -> dict:
+        first = masked_logits(self.pointer(hidden, self.pool(hidden, qmask)), mask)  # (b, s)
+        a, b = self.pairs.project(hidden)
+        return {"first": first, "a": a, "b": b}
+
+    def row_log_probs(self, d: dict, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(b, r, s) log P_second(row, ·): Eq. 7's softmax over the candidates of each row."""
+        z = upcast(self.pairs.rows(d["a"], d["b"], rows, mask))
+        return z.masked_fill(~mask[:, None, :], NEG).log_softmax(-1)
+
+    def loss(self, d: dict, mask: torch.Tensor, gold_first: torch.Tensor, gold_second: torch.Tensor,
+             training: str, k: int) -> torch.Tensor:
+        """½(L_first + L_second), Eq. 10-12."""
+        first = d["first"]
+        n, s = first.shape
+        if training == "exact":
+            rows = torch.arange(s, device=first.device).expand(n, s)
+            z = upcast(self.pairs.rows(d["a"], d["b"], rows))  # (b, s, s)
+            valid = mask[:, :, None] & mask[:, None, :]
+            target = gold_first * s + gold_second
+        else:
+            rows, row_ok = _top_but_gold(first, mask, gold_first, k)  # Eq. 8-9: (b, r)
+            with torch.no_grad():
+                z_rows = self.pairs.rows(d["a"], d["b"], rows, mask)  # (b, r, s), only to pick columns
+            cols, col_ok = _top_but_gold(upcast(z_rows), mask[:, None, :].expand_as(z_rows),
+                                         gold_second[:, None].expand(-1, rows.shape[1]), k)  # (b, r, c)
+            z = upcast(self.pairs.pairs(d["a"], d["b"], rows, cols))  # (b, r, c), with gradient
+            valid = row_ok[:, :, None] & col_ok
+            target = torch.full_like(gold_first, rows.shape[1] * cols.shape[2] - 1)  # gold: last row, last column
+        z = masked_logits(z, valid).reshape(n, -1)  # Eq. 12: 𝒯, the row-wise flatten
+        return (cross_entropy(first, gold_first) + cross_entropy(z, target)) / 2
+
+
+def _top_but_gold(scores: torch.Tensor, ok: torch.Tensor, gold: torch.Tensor, k: int):
+    """Eq. 8-9 along the last axis: the top k-1 candidates other than `gold`, then `gold` (last).
+
+    Returns (indices (..., k'), ok (..., k')), k' = min(k, n); picks that are not candidates (rows
+    with fewer than k-1 of them) come back with ok False.
+    """
+    n = scores.shape[-1]
+    kk = min(k, n) - 1
+    ranked = scores.detach().masked_fill(~ok, NEG).scatter(-1, gold[..., None], NEG)
+    top = ranked.topk(kk, dim=-1).indices if kk > 0 else gold[..., None][..., :0]
+    top_ok = ok.gather(-1, top) & (top != gold[..., None])
+    return torch.cat([top, gold[..., None]], -1), torch.cat([top_ok, torch.ones_like(top_ok[..., :1])], -1)
+
+
+class MatrixHead(nn.Module):
+    DIRECTIONS = ("forward", "backward", "both")
+
+    def __init__(self, hidden_size: int, null_answer: bool = False, *, direction: str = "forward",
+                 ensemble: bool | None = None, training: str = "sampled", k: int = 20,
+                 inference: str = "topk", inference_k: int = 20, width: int | None = None):
+        super().__init__()
+        if direction not in self.DIRECTIONS:
+            raise ConfigError(f"model.head_options.direction must be one of {list(self.DIRECTIONS)}, got {direction!r}")
+        ensemble = (direction == "both") if ensemble is None else ensemble
+        if ensemble and direction != "both":
+            raise ConfigError("model.head_options.ensemble needs direction: both (the ensemble joins both directions)")
+        if ensemble and null_answer:
+            raise ConfigError("model.head_options.ensemble is not supported with SQuAD v2 null answers "
+                              "(§2.6 defines it on span pairs); use ensemble: false")
+        if training not in ("sampled", "exact"):
+            raise ConfigError(f"model.head_options.training must be 'sampled' or 'exact', got {training!r}")
+        if inference not in ("topk", "exact"):
+            raise ConfigError(f"model.head_options.inference must be 'topk' or 'exact', got {inference!r}")
+        for key, value in (("k", k), ("inference_k", inference_k)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+                raise ConfigError(f"model.head_options.{key} must be an integer >= 2, got {value!r}")
+        width = check_width(width, hidden_size)
+        self.null_answer = null_answer
+        self.direction, self.ensemble = direction, bool(ensemble)
+        self.training_mode, self.k = training, k
+        self.inference, self.inference_k = inference, inference_k
+        # ModuleDict keys cannot be "forward" (nn.Module.forward): fwd / bwd.
+        self.directions = nn.ModuleDict({KEY[name]: Direction(hidden_size, width) for name in KEY
+                                         if direction in (name, "both")})
+
+    def _trained(self) -> list[str]:
+        return [name for name in KEY if KEY[name] in self.directions]
+
+    def dir(self, name: str) -> Direction:
+        return self.directions[KEY[name]]
+
+    # ------------------------------------------------------------------------------------ forward
+    def forward(self, hidden: torch.Tensor, batch: dict, targets: dict | None = None) -> dict:
+        mask = candidate_mask(batch["span_mask"], batch["cls_index"], self.null_answer)  # (b, s)
+        qmask = question_mask(batch)
+        out = {"mask": mask}
+        for name in self._trained():
+            out[name] = self.dir(name)(hidden, qmask, mask)
+        if targets is not None:
+            gold = {"forward": (targets["start_positions"], targets["end_positions"]),
+                    "backward": (targets["end_positions"], targets["start_positions"])}
+            losses = [self.dir(name).loss(out[name], mask, *gold[name], self.training_mode, self.k)
+                      for name in self._trained()]
+            out["loss"] = sum(losses) / len(losses)
+        return out
+
+    # ----------------------------------------------------------------------------------- decoding
+    def _decoding(self) -> list[str]:
+        if self.ensemble:
+            return ["forward", "backward"]
+        return ["backward"] if self.direction == "backward" else ["forward"]
+
+    def _direction_top(self, name: str, scores: dict, start_ok, end_ok, max_answer_len: int, k: int,
+                       rows_k: int | None):
+        """Top-k spans of one direction: (scores, starts, ends) (b, k'), -inf / -1 where none."""
+        d, mask = scores[name], scores["mask"]
+        first_ok, second_ok = (start_ok, end_ok) if name == "forward" else (end_ok, start_ok)
+        first = upcast(d["first"]).log_softmax(-1).masked_fill(~first_ok, NEG)  # (b, s)
+        n, s = first.shape
+        if rows_k is None:
+            rows = torch.arange(s, device=first.device).expand(n, s)  # (b, r = s)
+        else:
+            rows = first.topk(min(rows_k, s), dim=1).indices  # (b, r)
+        logp = self.dir(name).row_log_probs(d, rows, mask)  # (b, r, s)
+        width = min(max_answer_len, s)
+        step = torch.arange(width, device=first.device)
+        second = rows[:, :, None] + (step if name == "forward" else -step)  # (b, r, L)
+        inside = (second >= 0) & (second < s)
+        second = second.clamp(0, s - 1)
+        ok = inside & second_ok.gather(1, second.reshape(n, -1)).reshape(second.shape)
+        span = first.gather(1, rows)[:, :, None] + logp.gather(2, second)  # (b, r, L)
+        span = span.masked_fill(~ok, NEG).reshape(n, -1)
+        top, idx = span.topk(min(k, span.shape[1]), dim=1)  # (b, k')
+        i, j = rows.gather(1, idx // width), second.reshape(n, -1).gather(1, idx)
+        starts, ends = (i, j) if name == "forward" else (j, i)
+        bad = torch.isinf(top)
+        return top, starts.masked_fill(bad, -1), ends.masked_fill(bad, -1)
+
+    def top_spans(self, scores: dict, start_ok, end_ok, max_answer_len: int, k: int):
+        """Top-k spans by log p_first(i) + log P_second(i, j) (§2.6); with `ensemble`, MaP_E's merge."""
+        rows_k = self.inference_k if self.inference == "topk" else None
+        results = [self._direction_top(name, scores, start_ok, end_ok, max_answer_len, k, rows_k)
+                   for name in self._decoding()]
+        if len(results) == 1:
+            return results[0]
+        return ensemble_merge(results[0], results[1], k)
+
+    def span_scores(self, scores: dict, max_answer_len: int) -> torch.Tensor:
+        """(b, L, s) band of one direction's exact span scores (every row); not defined for the
+        ensemble, which is a merge of two top-k lists (use `top_spans`)."""
+        if self.ensemble:
+            raise ConfigError("the MaP ensemble has no span band (§2.6 merges two top-k lists); decode with top_spans")
+        name = self._decoding()[0]
+        d, mask = scores[name], scores["mask"]
+        first = upcast(d["first"]).log_softmax(-1)  # (b, s)
+        n, s = first.shape
+        rows = torch.arange(s, device=first.device).expand(n, s)
+        matrix = first[:, :, None] + self.dir(name).row_log_probs(d, rows, mask)  # [first, second]
+        if name == "backward":
+            matrix = matrix.transpose(1, 2)  # [start, end]
+        return band_from_matrix(matrix, min(max_answer_len, s))
+
+    def null_scores(self, scores: dict, cls_index: torch.Tensor) -> torch.Tensor:
+        """log p_first([CLS]) + log P_second([CLS], [CLS]) of the decoding direction (b,)."""
+        name = self._decoding()[0]
+        d = scores[name]
+        first = upcast(d["first"]).log_softmax(-1)
+        logp = self.dir(name).row_log_probs(d, cls_index[:, None], scores["mask"])  # (b, 1, s)
+        rows = torch.arange(cls_index.shape[0], device=cls_index.device)
+        return first[rows, cls_index] + logp[rows, 0, cls_index]
+
+
+def ensemble_merge(fwd, bwd, k: int):
+    """§2.6: F ∪ (B minus the pairs already in F), best first, top k. Each is (scores, starts, ends) (b, k)."""
+    f_sc, f_st, f_en = fwd
+    b_sc, b_st, b_en = bwd
+    dup = ((b_st[:, :, None] == f_st[:, None, :]) & (b_en[:, :, None] == f_en[:, None, :])
+           & (f_st[:, None, :] >= 0)).any(-1)  # (b, kb): the pair is already in F
+    b_sc = b_sc.masked_fill(dup, NEG)
+    sc = torch.cat([f_sc, b_sc], 1)
+    top, idx = sc.topk(min(k, sc.shape[1]), dim=1)
+    st = torch.cat([f_st, b_st], 1).gather(1, idx)
+    en = torch.cat([f_en, b_en], 1).gather(1, idx)
+    bad = torch.isinf(top)
+    return top, st.masked_fill(bad, -1), en.masked_fill(bad, -1)
+
+
+@HEADS.register("matrix")
+def matrix(hidden_size: int, null_answer: bool = False, **options) -> MatrixHead:
+    return MatrixHead(hidden_size, null_answer, **options)

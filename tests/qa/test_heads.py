@@ -1,0 +1,288 @@
+"""Span heads of the MaP paper: VCP (`conditional_pointer`) and MaP (`matrix`) against their
+equations, the sampled training's block, the ensemble merge, and train -> save -> reload -> evaluate."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import posbias
+from posbias.config import build_config
+from posbias.errors import ConfigError
+from posbias.qa.collate import collate
+from posbias.qa.features import build_qa_features
+from posbias.qa.heads import matrix as matrix_mod
+from posbias.qa.heads.matrix import MatrixHead, _top_but_gold, ensemble_merge
+from posbias.qa.heads.span_scores import top_spans
+from posbias.qa.model import build_model
+
+from conftest import DEMO_DEV, tiny_config
+
+HEAD_OPTIONS = {
+    "conditional_pointer": {},
+    "matrix_forward": {"direction": "forward"},
+    "matrix_backward": {"direction": "backward"},
+    "matrix_ensemble": {"direction": "both", "ensemble": True},
+}
+
+
+def head_model(tokenizer, head, options=None, seed=0, null_answer=False):
+    torch.manual_seed(seed)
+    cfg = build_config(tiny_config(model={"head": head, "head_options": options or {}}))
+    return build_model(cfg.model, tokenizer, null_answer=null_answer)
+
+
+@pytest.fixture(scope="module")
+def feats(tokenizer, dev_examples):
+    return build_qa_features(dev_examples[:12], tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24,
+                             train=True, version=1)
+
+
+def batch_of(feats, n=6):
+    batch = collate(feats, np.arange(n), pad_id=0, with_labels=True)
+    return batch, {k: batch[k] for k in ("start_positions", "end_positions")}
+
+
+def test_question_mask_marks_question_tokens_only(tokenizer, feats):
+    batch, _ = batch_of(feats, 3)
+    ids, q = batch["input_ids"][0], batch["question_mask"][0]
+    assert q.any() and not (q & batch["span_mask"][0]).any()
+    assert not q[batch["cls_index"][0]] and not (q & (ids == tokenizer.sep_token_id)).any()
+    first_sep = int((ids == tokenizer.sep_token_id).nonzero()[0])
+    assert q[1:first_sep].all() and not q[first_sep:].any()  # [CLS] question [SEP] context [SEP]
+
+
+@pytest.mark.parametrize("name", ["conditional_pointer", "matrix_forward", "matrix_ensemble"])
+def test_shapes_masking_and_gradients(tokenizer, feats, name):
+    head = "conditional_pointer" if name == "conditional_pointer" else "matrix"
+    model = head_model(tokenizer, head, HEAD_OPTIONS[name])
+    batch, targets = batch_of(feats)
+    out = model(batch, targets)
+    assert torch.isfinite(out["loss"])
+    out["loss"].backward()
+    grads = {n: p.grad for n, p in model.head.named_parameters()}
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads.values()), \
+        [n for n, g in grads.items() if g is None or g.abs().sum() == 0]
+    with torch.no_grad():
+        sc, st, en = model.head.top_spans(model(batch), batch["span_mask"], batch["span_mask"], 10, 5)
+    assert sc.shape == (6, 5)
+    ok = st >= 0
+    assert ok.any(1).all()
+    rows = torch.arange(6)[:, None].expand_as(st)
+    # Every decoded span lies in the context, ends after it starts, within max_answer_len.
+    assert batch["span_mask"][rows[ok], st[ok]].all() and batch["span_mask"][rows[ok], en[ok]].all()
+    assert ((en - st)[ok] >= 0).all() and ((en - st)[ok] < 10).all()
+    # Scores are log-probabilities of spans: at most 0, and sorted.
+    assert (sc[ok] <= 1e-6).all() and (sc[:, :-1] >= sc[:, 1:]).all()
+
+
+def test_vcp_start_distribution_ignores_question_and_padding(tokenizer, feats):
+    model = head_model(tokenizer, "conditional_pointer").eval()
+    batch, _ = batch_of(feats)
+    with torch.no_grad():
+        out = model(batch)
+    assert (out["start_logits"][~batch["span_mask"]] <= torch.finfo(torch.float32).min / 2).all()
+    torch.testing.assert_close(out["start_logits"].exp().sum(-1), torch.ones(6))
+    torch.testing.assert_close(out["end_logits"].exp().sum(-1), torch.ones(6))
+
+
+def test_vcp_equations_on_a_constructed_case():
+    """Eq. 2-6 written out by hand for one example."""
+    from posbias.qa.heads.pointer import ConditionalPointerHead
+
+    torch.manual_seed(0)
+    head = ConditionalPointerHead(8, width=5).double()
+    h = torch.randn(1, 7, 8, dtype=torch.float64)
+    batch = {"span_mask": torch.tensor([[0, 0, 0, 1, 1, 1, 0]], dtype=torch.bool),
+             "question_mask": torch.tensor([[0, 1, 1, 0, 0, 0, 0]], dtype=torch.bool),
+             "cls_index": torch.tensor([0]), "attention_mask": torch.ones(1, 7)}
+    out = head(h, batch)
+    H, HQ = h[0], h[0, 1:3]
+    p_init = torch.softmax(head.pool.v.weight @ torch.tanh(head.pool.proj.weight @ HQ.T), -1)[0]  # Eq. 5
+    h_s = HQ.T @ p_init  # Eq. 6
+    V, W, v = head.pointer.proj.weight, head.pointer.state.weight, head.pointer.v.weight[0]
+
+    def pointer(state):  # Eq. 4 over the context tokens 3..5
+        return torch.log_softmax(v @ torch.tanh(V @ H[3:6].T + (W @ state)[:, None]), -1)
+
+    log_ps = pointer(h_s)
+    c_e = H[3:6].T @ log_ps.exp()  # Eq. 3
+    h_e = head.rnn(c_e[None], h_s[None])[0]  # Eq. 2
+    torch.testing.assert_close(out["start_logits"][0, 3:6], log_ps)
+    torch.testing.assert_close(out["end_logits"][0, 3:6], pointer(h_e))
+
+
+def test_chunked_matrix_scores_equal_the_concatenation_formula(monkeypatch):
+    """Eq. 7 as written, vᵀ tanh(V [H_j ; H_i]) with V = [V₁ V₂], against the chunked rows."""
+    torch.manual_seed(1)
+    scorer = matrix_mod.PairScorer(6, 4).double()
+    h = torch.randn(2, 9, 6, dtype=torch.float64)
+    V = torch.cat([scorer.col.weight, scorer.row.weight], dim=1)  # (l, 2d)
+    cat = torch.cat([h[:, None, :, :].expand(2, 9, 9, 6), h[:, :, None, :].expand(2, 9, 9, 6)], -1)  # [b,i,j]=[H_j;H_i]
+    naive = (torch.tanh(cat @ V.T) @ scorer.v.weight[0])  # (b, i, j)
+    monkeypatch.setattr(matrix_mod, "CHUNK_ELEMENTS", 2 * 9 * 4 * 2)  # with gradient: two rows per chunk
+    monkeypatch.setattr(matrix_mod, "CACHE_ELEMENTS", 9 * 4 * 3)  # without: three rows per chunk
+    a, b = scorer.project(h)
+    rows = torch.arange(9).expand(2, 9)
+    torch.testing.assert_close(scorer.rows(a, b, rows), naive, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        torch.testing.assert_close(scorer.rows(a, b, rows), naive, rtol=1e-12, atol=1e-12)
+        cols = torch.rand(2, 9) > 0.4  # only candidate columns are computed, the others are -inf
+        some = scorer.rows(a, b, rows[:, [5, 2]], cols)
+        torch.testing.assert_close(some, naive[:, [5, 2]].masked_fill(~cols[:, None], float("-inf")),
+                                   rtol=1e-12, atol=1e-12)
+    # Gradients through the checkpointed chunks equal those of the naive formula.
+    h.requires_grad_(True)
+    a, b = scorer.project(h)
+    g1 = torch.autograd.grad(scorer.rows(a, b, rows).square().sum(), h)[0]
+    cat = torch.cat([h[:, None, :, :].expand(2, 9, 9, 6), h[:, :, None, :].expand(2, 9, 9, 6)], -1)
+    g2 = torch.autograd.grad((torch.tanh(cat @ V.T) @ scorer.v.weight[0]).square().sum(), h)[0]
+    torch.testing.assert_close(g1, g2, rtol=1e-10, atol=1e-12)
+    # A sampled block is the same entries.
+    r = torch.tensor([[4, 0], [8, 3]])
+    c = torch.tensor([[[1, 2, 8], [0, 0, 5]], [[7, 3, 3], [6, 1, 0]]])
+    block = scorer.pairs(a, b, r, c)
+    expect = naive[torch.arange(2)[:, None, None], r[:, :, None], c]
+    torch.testing.assert_close(block, expect, rtol=1e-12, atol=1e-12)
+
+
+def test_sampled_block_holds_the_gold_pair_exactly_once():
+    torch.manual_seed(2)
+    scores = torch.randn(3, 10)
+    ok = torch.ones(3, 10, dtype=torch.bool)
+    ok[2, 5:] = False  # a short row: fewer candidates than k - 1
+    gold = torch.tensor([0, int(scores[1].argmax()), 3])  # row 1: the gold is the best score
+    idx, valid = _top_but_gold(scores, ok, gold, k=6)
+    assert idx.shape == (3, 6)
+    for r in range(3):
+        assert (idx[r] == gold[r]).sum() == 1 and idx[r, -1] == gold[r]
+        picked = idx[r][valid[r]].tolist()
+        assert len(set(picked)) == len(picked)  # no entry twice among the valid ones
+        others = scores[r].masked_fill(~ok[r], float("-inf"))
+        others[gold[r]] = float("-inf")
+        assert set(picked[:-1]) == set(others.topk(min(5, int(ok[r].sum()) - (1 if ok[r, gold[r]] else 0))).indices.tolist())
+    assert valid[2].sum() == 5  # 4 other candidates + the gold one
+    # And in a head's block: the (gold start, gold end) pair occurs once among the k x k pairs.
+    head = MatrixHead(8, k=4, width=5)
+    h = torch.randn(2, 12, 8)
+    batch = {"span_mask": torch.ones(2, 12, dtype=torch.bool), "cls_index": torch.zeros(2, dtype=torch.long),
+             "question_mask": torch.zeros(2, 12, dtype=torch.bool), "attention_mask": torch.ones(2, 12)}
+    d = head(h, batch)["forward"]
+    gs, ge = torch.tensor([3, 7]), torch.tensor([5, 7])
+    rows, _ = _top_but_gold(d["first"], batch["span_mask"], gs, 4)
+    z = head.dir("forward").pairs.rows(d["a"], d["b"], rows)
+    cols, _ = _top_but_gold(z, batch["span_mask"][:, None, :].expand_as(z), ge[:, None].expand(-1, 4), 4)
+    pairs = (rows[:, :, None] == gs[:, None, None]) & (cols == ge[:, None, None])
+    assert (pairs.sum((1, 2)) == 1).all() and pairs[:, -1, -1].all()
+
+
+def test_sampled_loss_equals_exact_loss_when_k_covers_the_sequence(tokenizer, feats):
+    batch, targets = batch_of(feats, 4)
+    s = batch["input_ids"].shape[1]
+    losses = {}
+    for training in ("exact", "sampled"):
+        model = head_model(tokenizer, "matrix", {"direction": "both", "training": training, "k": s}, seed=4).double()
+        losses[training] = model(batch, targets)["loss"]
+    torch.testing.assert_close(losses["sampled"], losses["exact"], rtol=1e-10, atol=0)
+    small = head_model(tokenizer, "matrix", {"direction": "both", "training": "sampled", "k": 5}, seed=4).double()
+    assert not torch.isclose(small(batch, targets)["loss"], losses["exact"])  # k < s samples a sub-block
+
+
+def test_ensemble_prunes_backward_duplicates_and_keeps_the_best():
+    inf = float("-inf")
+    fwd = (torch.tensor([[-1.0, -2.0, -3.0]]), torch.tensor([[3, 5, 1]]), torch.tensor([[5, 6, 2]]))
+    # (3, 5) is in F with -1.0: B's -0.5 for it is pruned, F's value is kept (§2.6).
+    bwd = (torch.tensor([[-0.5, -1.5, inf]]), torch.tensor([[3, 8, -1]]), torch.tensor([[5, 9, -1]]))
+    sc, st, en = ensemble_merge(fwd, bwd, 4)
+    assert st.tolist() == [[3, 8, 5, 1]] and en.tolist() == [[5, 9, 6, 2]]
+    assert sc.tolist() == [[-1.0, -1.5, -2.0, -3.0]]
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward", "both"])
+def test_topk_inference_equals_exact_when_k_covers_all_starts(tokenizer, feats, direction):
+    model = head_model(tokenizer, "matrix", {"direction": direction}, seed=6).eval()
+    batch, _ = batch_of(feats)
+    s = batch["input_ids"].shape[1]
+    with torch.no_grad():
+        scores = model(batch)
+        results = {}
+        for inference, k in (("exact", 20), ("topk", s)):
+            model.head.inference, model.head.inference_k = inference, k
+            results[inference] = model.head.top_spans(scores, batch["span_mask"], batch["span_mask"], 15, 20)
+        model.head.inference, model.head.inference_k = "topk", 2
+        few = model.head.top_spans(scores, batch["span_mask"], batch["span_mask"], 15, 20)
+    for a, b in zip(results["exact"], results["topk"]):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(few[1], results["exact"][1])  # 2 rows cannot hold the 20 best spans
+    if direction != "both":  # the exact top spans are those of the exact band
+        with torch.no_grad():
+            band = model.head.span_scores(scores, 15)
+        sc, st, en = top_spans(band, batch["span_mask"], batch["span_mask"], 20)
+        torch.testing.assert_close(sc, results["exact"][0])
+        assert torch.equal(st, results["exact"][1]) and torch.equal(en, results["exact"][2])
+
+
+def test_matrix_row_is_a_distribution_over_the_context(tokenizer, feats):
+    model = head_model(tokenizer, "matrix", {"direction": "forward"}, seed=7).eval()
+    batch, _ = batch_of(feats, 3)
+    with torch.no_grad():
+        scores = model(batch)
+        rows = torch.tensor([[10, 20], [30, 31], [25, 40]])
+        logp = model.head.dir("forward").row_log_probs(scores["forward"], rows, scores["mask"])
+    torch.testing.assert_close(logp.exp().sum(-1), torch.ones(3, 2))
+    assert torch.isinf(logp.transpose(1, 2)[~batch["span_mask"]]).all()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"direction": "sideways"}, "model.head_options.direction"),
+    ({"direction": "forward", "ensemble": True}, "model.head_options.ensemble"),
+    ({"training": "all"}, "model.head_options.training"),
+    ({"inference": "fast"}, "model.head_options.inference"),
+    ({"k": 1}, "model.head_options.k"),
+    ({"width": 0}, "model.head_options.width"),
+    ({"kk": 3}, "model.head_options"),
+])
+def test_bad_matrix_options_are_config_errors(tokenizer, options, message):
+    with pytest.raises(ConfigError, match=message):
+        head_model(tokenizer, "matrix", options)
+
+
+def test_ensemble_with_null_answers_is_a_config_error(tokenizer):
+    with pytest.raises(ConfigError, match="model.head_options.ensemble"):
+        head_model(tokenizer, "matrix", {"direction": "both"}, null_answer=True)
+
+
+@pytest.mark.parametrize("head", ["conditional_pointer", "matrix"])
+def test_null_scores_are_log_probabilities_of_the_cls_span(tokenizer, feats, head):
+    model = head_model(tokenizer, head, null_answer=True, seed=8).eval()
+    batch, targets = batch_of(feats, 4)
+    with torch.no_grad():
+        scores = model(batch)
+        null = model.head.null_scores(scores, batch["cls_index"])
+        sc, st, _ = model.head.top_spans(scores, batch["span_mask"], batch["span_mask"], 15, 5)
+    assert null.shape == (4,) and (null < 0).all() and torch.isfinite(null).all()
+    assert (st[st >= 0] != 0).all()  # [CLS] is a null answer, never a span start
+    loss = model(batch, {k: torch.zeros_like(v) for k, v in targets.items()})["loss"]  # gold = [CLS]
+    assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("name", list(HEAD_OPTIONS))
+def test_head_trains_saves_reloads_and_evaluates_the_same(tmp_path, name):
+    head = "conditional_pointer" if name == "conditional_pointer" else "matrix"
+    cfg = build_config(tiny_config(tmp_path, model={"head": head, "head_options": HEAD_OPTIONS[name]},
+                                   train={"max_steps": 3, "eval_every": 3}))
+    summary = posbias.train(cfg, progress=False)
+    run = tmp_path / "run"
+    first = json.loads((run / "eval" / "metrics.json").read_text(encoding="utf-8"))
+    again = posbias.evaluate(run / "best", DEMO_DEV, tmp_path / "ev", overrides=["data.max_eval_examples=24"],
+                             progress=False)
+    assert again["f1"] == pytest.approx(first["f1"]) and again["exact_match"] == pytest.approx(first["exact_match"])
+    assert summary["steps"] == 3
+    # The reloaded model gives the same answers with the same scores (F1 alone is ~0 after 3 steps).
+    read = lambda d, f: json.loads((d / f).read_text(encoding="utf-8"))  # noqa: E731
+    preds = read(tmp_path / "ev", "predictions.json")
+    assert preds == read(run / "eval", "predictions.json") and len(preds) == 24 and all(preds.values())
+    nb1, nb2 = read(run / "eval", "nbest.json"), read(tmp_path / "ev", "nbest.json")
+    for qid in preds:
+        assert [c["text"] for c in nb1[qid]] == [c["text"] for c in nb2[qid]]
+        np.testing.assert_allclose([c["score"] for c in nb1[qid]], [c["score"] for c in nb2[qid]], rtol=1e-5)
