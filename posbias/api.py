@@ -115,6 +115,13 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
     return _diagnose(model, data, output_dir, overrides=overrides, progress=progress, **options)
 
 
+def explain_attention(model, question: str, context: str, output_dir, answer: str | None = None) -> dict:
+    """DyReF's query attention for one question + context (paper Fig. 3): attention.png + .json."""
+    from .qa.explain import explain_attention as _explain
+
+    return _explain(model, question, context, output_dir, answer=answer)
+
+
 def export(model, out_dir) -> Path:
     """posbias checkpoint -> Hugging Face AutoModelForQuestionAnswering (QA, `independent` head) or
     AutoModelForTokenClassification (tagging) folder."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .errors import PosbiasError
 
-SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "diagnose", "demo", "experiment", "data"]
+SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "diagnose", "explain", "demo", "experiment", "data"]
 
 
 def _print(obj) -> None:
@@ -111,6 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arg(p, "posbias checkpoint")
     p.add_argument("--out", required=True)
 
+    p = sub.add_parser("explain", help="look inside a model: DyReF's query attention map")
+    xs = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = xs.add_parser("attention", help="DyReF (dynamic_query): max over layers and heads of the start/end "
+                                        "queries' attention to every token, as a 2 x N heat map PNG (paper Fig. 3)")
+    _model_arg(q, "posbias checkpoint with the dynamic_query head")
+    q.add_argument("--question", required=True)
+    q.add_argument("--context", required=True)
+    q.add_argument("--answer", default=None, help="gold answer text (its tokens are marked in bold)")
+    q.add_argument("--output-dir", required=True, help="writes attention.png and attention.json")
+
     p = sub.add_parser("experiment", help="multi-seed method comparisons: run a grid, report it")
     ex = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = ex.add_parser("run", help="run (or resume) every run of an experiment spec")
@@ -207,6 +217,9 @@ def run(args) -> int:
         _print(api.score(args.data, args.predictions, task="tagging", **_tagging_options(args)))
     elif args.command == "export":
         print(api.export(args.model, args.out))
+    elif args.command == "explain":
+        res = api.explain_attention(args.model, args.question, args.context, args.output_dir, answer=args.answer)
+        print(f"answer: {res['answer']!r}; wrote {res['plot']} and attention.json")
     elif args.command == "experiment" and args.action == "run":
         res = api.experiment_run(args.spec, args.output_dir, launcher=args.launcher,
                                  accelerate_args=args.accelerate_args, dry_run=args.dry_run, force=args.force,

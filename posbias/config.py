@@ -80,6 +80,11 @@ class TrainConfig:
     """torch intra-op threads (CPU); default leaves torch's choice."""
 
 
+# Config keys added after experiments were recorded: at these values they change nothing, and are
+# left out of the hash.
+HASH_NEUTRAL_DEFAULTS = {("data", "train_subset"): "first"}
+
+
 class RunConfig:
     """What every task's run config has (`posbias.qa.config.QAConfig`, `posbias.tagging.config.
     TaggingConfig`): `task`, `model`, `data` (with train_file, eval_file, max_seq_len, on_bad_record,
@@ -89,9 +94,13 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def hash(self) -> str:
-        """Stable hash of the resolved config (ignores output_dir)."""
+        """Stable hash of the resolved config (ignores output_dir, and keys added later while at the
+        default that keeps their old behaviour, so recorded experiment runs keep their hashes)."""
         d = self.to_dict()
         d["train"].pop("output_dir", None)
+        for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
+            if section in d and key in d[section] and d[section][key] == default:
+                del d[section][key]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -157,7 +157,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     task = get_task(cfg.task, "task")
     tokenizer = task.load_tokenizer(cfg)
     train_ds = task.read(d.train_file, cfg)
-    examples = train_ds.examples[: d.max_train_examples] if d.max_train_examples else train_ds.examples
+    examples = train_subset(train_ds.examples, d.max_train_examples, d.train_subset, t.seed)
     feats = task.train_features(examples, tokenizer, cfg, train_ds)
     eval_ds = None
     if d.eval_file:
@@ -170,8 +170,10 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     set_seed(t.seed)  # head initialisation independent of how much data was read
     model = task.build_model(cfg, tokenizer, train_ds)
     n_pos = getattr(model.encoder.config, "max_position_embeddings", None)
-    if n_pos is not None and model.position_base + d.max_seq_len > n_pos:
-        raise ConfigError(f"data.max_seq_len ({d.max_seq_len}) + first position id ({model.position_base}) "
+    offset = getattr(model, "position_offset", 0)  # positions a head puts before the tokens (DyReF: 2)
+    if n_pos is not None and model.position_base + d.max_seq_len + offset > n_pos:
+        extra = f" + {offset} positions of model.head {cfg.model.head!r}" if offset else ""
+        raise ConfigError(f"data.max_seq_len ({d.max_seq_len}) + first position id ({model.position_base}){extra} "
                           f"exceeds the encoder's max_position_embeddings ({n_pos})")
     replace, augment = perturbations_by_mode(cfg.perturb, cfg)  # see posbias.perturb for the modes
     for p in replace + augment:
@@ -385,3 +387,13 @@ def _save_last(acc, raw_model, optimizer, scheduler, cfg, tokenizer, state, last
         replace_dir(tmp, last_dir)
     acc.wait_for_everyone()
 
+
+def train_subset(examples: list, n: int | None, how: str, seed: int) -> list:
+    """`data.max_train_examples` of `examples`: the first n, or n drawn with `seed` (kept in file order)."""
+    if not n or n >= len(examples):
+        return examples
+    if how == "random":
+        import random
+
+        return [examples[i] for i in sorted(random.Random(seed).sample(range(len(examples)), n))]
+    return examples[:n]

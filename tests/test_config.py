@@ -52,3 +52,33 @@ def test_hash_ignores_output_dir_only():
     b = build_config({"train": {"output_dir": "y"}})
     c = build_config({"train": {"output_dir": "y", "seed": 1}})
     assert a.hash() == b.hash() != c.hash()
+
+
+def test_train_subset_random_draws_per_seed_and_first_keeps_file_order():
+    from posbias.training import train_subset
+
+    items = list(range(100))
+    assert train_subset(items, 10, "first", 1) == list(range(10))
+    a, b = train_subset(items, 10, "random", 1), train_subset(items, 10, "random", 2)
+    assert a == sorted(a) and len(set(a)) == 10 and a != b and a == train_subset(items, 10, "random", 1)
+    assert train_subset(items, None, "random", 1) == items and train_subset(items, 500, "random", 1) == items
+
+
+def test_a_key_at_its_neutral_default_leaves_the_hash_unchanged():
+    """Experiments recorded before `data.train_subset` existed keep their config hashes."""
+    from posbias.config import build_config
+
+    from conftest import tiny_config
+
+    first = build_config(tiny_config())
+    assert "train_subset" in first.to_dict()["data"]
+    d = first.to_dict()
+    del d["data"]["train_subset"]
+    import hashlib
+    import json
+
+    d["train"].pop("output_dir", None)
+    assert first.hash() == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    assert build_config(tiny_config(data={"train_subset": "random"})).hash() != first.hash()
+    with pytest.raises(ConfigError, match="data.train_subset"):
+        build_config(tiny_config(data={"train_subset": "shuffled"}))

@@ -132,12 +132,15 @@ class PositionShift:
             warnings.warn(f"{self.key}: {config.model_type} uses {kind if kind != 'absolute' else 'relative'} "
                           "positions; shifting position ids has no effect on it", stacklevel=2)
         n_pos = getattr(config, "max_position_embeddings", None)
+        # A head may put positions before the tokens (DyReF's two queries): they take part of the table.
+        offset = getattr(model, "position_offset", 0)
         if self.requested_len is None:
-            self.max_len = n_pos - self.base if n_pos is not None else self.fallback_len
-        if n_pos is not None and self.base + self.max_len > n_pos:
+            self.max_len = n_pos - self.base - offset if n_pos is not None else self.fallback_len
+        if n_pos is not None and self.base + self.max_len + offset > n_pos:
             default = "data.max_seq_len" if self.fallback_len is None else "the encoder's usable table"
+            held = f" + {offset} head positions" if offset else ""
             raise ConfigError(
-                f"{self.key}.max_len ({self.max_len}) + first position id ({self.base}) exceeds the encoder's "
+                f"{self.key}.max_len ({self.max_len}) + first position id ({self.base}){held} exceeds the encoder's "
                 f"max_position_embeddings ({n_pos}); lower {self.key}.max_len (default {default})")
 
     def __call__(self, batch: dict, generator: torch.Generator) -> dict:

@@ -31,7 +31,10 @@ class QADataConfig:
     on_bad_record: str = "error"
     """`error` stops at the first malformed record; `skip` drops it and counts it in the summary."""
     max_train_examples: int | None = None
-    """Use only the first N training questions (file order)."""
+    """Use only N training questions: the first N (file order), or a random draw (`train_subset`)."""
+    train_subset: str = "first"
+    """How `max_train_examples` picks: `first` (file order) or `random` (a draw seeded by train.seed:
+    each seed its own subset, the same for every method; few-shot experiments)."""
     max_eval_examples: int | None = None
     """Use only the first N evaluation questions (file order)."""
 
@@ -76,6 +79,7 @@ class QAConfig(RunConfig):
         make_head(self.model.head, 8, d.version.startswith("2"), self.model.head_options)
         LABEL_POLICIES.get(d.label_policy, "data.label_policy")
         choice(d.version, ["auto", "1", "2", "1.1", "2.0"], "data.version")
+        choice(d.train_subset, ["first", "random"], "data.train_subset")
         choice(d.context_first, ["auto", "true", "false"], "data.context_first")
         choice(d.unanswerable_windows, ["auto", "drop", "cls"], "data.unanswerable_windows")
         for key, v in [("data.max_query_len", d.max_query_len), ("decode.n_best", dec.n_best),

@@ -25,6 +25,8 @@ class QAModel(nn.Module):
         self.null_answer = null_answer
         self._inputs = EncoderInputs(encoder)
         self.position_base, self.position_pad = self._inputs.base, self._inputs.pad
+        # Positions a head puts before the tokens (DyReF's queries): the tokens' ids move by this much.
+        self.position_offset = getattr(head, "position_offset", 0)
 
     def position_ids(self, attention_mask):
         """(b, s) positions counted over real tokens only, so left padding does not shift them."""
@@ -33,6 +35,10 @@ class QAModel(nn.Module):
         return position_ids(attention_mask, self.position_base, self.position_pad)
 
     def encode(self, batch: dict):
+        """(b, s, d) token states; a head with its own `encode` (DyReF) runs the encoder itself and
+        gets back whatever it returns."""
+        if hasattr(self.head, "encode"):
+            return self.head.encode(self.encoder, self._inputs, batch)
         return self._inputs(self.encoder, batch)  # (b, s, d)
 
     def forward(self, batch: dict, targets: dict | None = None) -> dict:

@@ -43,7 +43,10 @@ class TaggingDataConfig:
     training and the evaluation file alike (null: every sentence). Not carried over when a
     checkpoint evaluates another file; `posbias diagnose tagging` has its own `--quantiles`."""
     max_train_examples: int | None = None
-    """Use only the first N training sentences (file order)."""
+    """Use only N training sentences: the first N (file order), or a random draw (`train_subset`)."""
+    train_subset: str = "first"
+    """How `max_train_examples` picks: `first` (file order) or `random` (a draw seeded by train.seed:
+    each seed its own subset, the same for every method; few-shot experiments)."""
     max_eval_examples: int | None = None
     """Use only the first N evaluation sentences (file order)."""
 
@@ -75,6 +78,7 @@ class TaggingConfig(RunConfig):
             raise ConfigError(f"model.head_options: unknown option {sorted(unknown)[0]!r} for the linear "
                               "token head (dropout)")
         choice(d.format, ["auto", "conll", "conllu"], "data.format")
+        choice(d.train_subset, ["first", "random"], "data.train_subset")
         choice(d.tag, ["upos", "xpos"], "data.tag")
         choice(d.scheme, ["auto", "iob1", "iob2", "bioes", "none"], "data.scheme")
         choice(d.label_scheme, ["auto", "iob2", "bioes"], "data.label_scheme")

@@ -23,6 +23,7 @@ HEAD_OPTIONS = {
     "matrix_forward": {"direction": "forward"},
     "matrix_backward": {"direction": "backward"},
     "matrix_ensemble": {"direction": "both", "ensemble": True},
+    "dynamic_query": {"query_pooling": "max", "attention": "causal"},
 }
 
 
@@ -268,7 +269,7 @@ def test_null_scores_are_log_probabilities_of_the_cls_span(tokenizer, feats, hea
 
 @pytest.mark.parametrize("name", list(HEAD_OPTIONS))
 def test_head_trains_saves_reloads_and_evaluates_the_same(tmp_path, name):
-    head = "conditional_pointer" if name == "conditional_pointer" else "matrix"
+    head = name if name in ("conditional_pointer", "dynamic_query") else "matrix"
     cfg = build_config(tiny_config(tmp_path, model={"head": head, "head_options": HEAD_OPTIONS[name]},
                                    train={"max_steps": 3, "eval_every": 3}))
     summary = posbias.train(cfg, progress=False)

@@ -7,9 +7,12 @@
         full (b, s, s) matrix can return `span_scores.band_from_matrix(matrix, L)`);
     null_scores(scores, cls_index) -> (b,) score of the null answer (SQuAD v2);
     optionally top_spans(scores, start_ok, end_ok, max_answer_len, k), a faster exact equivalent of
-        `span_scores.top_spans(span_scores(...), ...)` (the independent head's scores add up).
+        `span_scores.top_spans(span_scores(...), ...)` (the independent head's scores add up);
+    optionally encode(encoder, encoder_inputs, batch) -> what forward receives as `hidden`, for heads
+        that change the encoder's input (DyReF feeds its queries through the encoder), with
+        `position_offset`, the positions they put before the tokens.
 
 Heads register a factory `(hidden_size, null_answer, **head_options) -> head` in
 `posbias.registry.HEADS`; importing this package registers the built-in ones.
 """
-from . import independent, matrix, pointer  # noqa: F401
+from . import dynamic_query, independent, matrix, pointer  # noqa: F401

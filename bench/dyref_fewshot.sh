@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# DyReF few-shot reproduction with MiniLM on SQuAD v1.1 from ../shared/data.
+# Run from the repository root:  bash bench/dyref_fewshot.sh [spec] [--only PATTERN ...]
+#   spec: bench/dyref_fewshot.yaml (default; Table 2) or bench/dyref_masks.yaml (Table 3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SPEC=bench/dyref_fewshot.yaml
+if [[ $# -gt 0 && $1 == *.yaml ]]; then SPEC=$1; shift; fi
+PB=.venv/bin/posbias
+SHARED=${POSBIAS_SHARED_DATA:-../shared/data}
+T=$SHARED/squad_v1.1_train_reconstructed
+OUT=bench/out/dyref_data
+# The pool the few-shot sets are drawn from: every rebuilt train question with an unambiguous offset.
+[ -f $OUT/train_pool/train.json ] || $PB data build --input "$T"/train-v1.1-reconstructed.part{1,2,3}of3.json.gz \
+    --out $OUT/train_pool --name train --exclude-ambiguous
+# A fixed sample of 1,000 official dev questions.
+[ -f $OUT/dev1000/data.json ] || $PB data build --input "$SHARED"/squad_v1.1/dev-v1.1.json.gz --out $OUT/dev1000 \
+    --sample 1000 --seed 13
+$PB experiment run $SPEC "$@"
+$PB experiment report "runs/experiments/$(basename $SPEC .yaml)"

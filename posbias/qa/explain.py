@@ -1,0 +1,114 @@
+"""`posbias explain attention`: where DyReF's start and end queries look (DyReF paper §7.2, Fig. 3).
+
+For one question + context, the attention probabilities of every layer and head are stacked and
+reduced by an element-wise max over layers and heads; the two query rows of that (2 + N) x (2 + N)
+map (queries attending to the queries and to every token) are drawn as a labelled 2 x (2 + N) heat
+map, with the predicted answer's tokens boxed in red (and a given gold answer's labels in bold).
+
+Shape legend: L layers, H heads, S = N + 2 positions of the encoder input.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from ..utils import atomic_write_json
+
+
+def query_attention(model, batch: dict) -> np.ndarray:
+    """(2, S) max over layers and heads of the queries' attention probabilities, eager attention."""
+    encoder = model.encoder
+    previous = encoder.config._attn_implementation
+    encoder.set_attn_implementation("eager")  # sdpa returns no attention probabilities
+    try:
+        kwargs = model.head.encoder_kwargs(encoder, model._inputs, batch)
+        with torch.inference_mode():
+            att = torch.stack(encoder(**kwargs, output_attentions=True).attentions)  # (L, b, H, S, S)
+    finally:
+        encoder.set_attn_implementation(previous)
+    return att[:, 0].amax(dim=(0, 1))[:2].float().numpy()  # (2, S)
+
+
+def _answer_tokens(offsets: np.ndarray, start: int, end: int) -> list[int]:
+    """Window tokens whose character span overlaps [start, end)."""
+    return [i for i, (a, b) in enumerate(offsets.tolist()) if a >= 0 and a < end and b > start]
+
+
+def explain_attention(model_path, question: str, context: str, out_dir, answer: str | None = None) -> dict:
+    """Write attention.png and attention.json to `out_dir`; returns what the JSON holds."""
+    from ..checkpoint import eval_config, load_checkpoint
+    from .collate import collate
+    from .evaluate import eval_features, predict_examples
+    from .examples import QAExample
+
+    if not question.strip() or not context.strip():
+        raise ConfigError("question and context must be non-empty")
+    model, tokenizer, mcfg = load_checkpoint(model_path, task="qa")
+    if model.head_name != "dynamic_query":
+        raise ConfigError(f"{model_path}: head {model.head_name!r} has no queries to explain; "
+                          "`explain attention` needs a dynamic_query (DyReF) checkpoint")
+    cfg = eval_config(mcfg, None)
+    model.eval()
+    example = QAExample(id="q0", question=question, context=context)
+    preds, nbest, _, feats, _ = predict_examples(model, tokenizer, cfg, [example], source="<command line>",
+                                                 progress=False)
+    best = next((c for c in nbest["q0"] if c["text"] == preds["q0"] and c["window"] >= 0), None)
+    window = best["window"] if best else 0
+    batch = collate(feats, [window], pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side)
+    att = query_attention(model, batch)
+    pad = int(batch["pad_left"][0])
+    n = int(batch["attention_mask"][0].sum())
+    att = np.concatenate([att[:, :2], att[:, 2 + pad: 2 + pad + n]], axis=1)  # drop padding columns
+    tokens = ["[q_s]", "[q_e]"] + tokenizer.convert_ids_to_tokens(feats.input_ids[window].tolist())
+    offsets = feats.offsets[window]
+    predicted = (list(range(best["token_start"], best["token_end"] + 1)) if best else [])
+    gold = []
+    if answer:
+        at = context.find(answer)
+        if at < 0:
+            raise ConfigError(f"--answer {answer!r} does not occur in the context")
+        gold = _answer_tokens(offsets, at, at + len(answer))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / "attention.png"
+    _plot(att, tokens, [2 + i for i in predicted], [2 + i for i in gold], png,
+          f"Q: {question}  |  predicted: {preds['q0']!r}" + (f"  |  gold: {answer!r}" if answer else ""))
+    result = {"question": question, "answer": preds["q0"], "gold": answer, "window": int(window),
+              "tokens": tokens, "attention": att.round(6).tolist(), "predicted_tokens": [2 + i for i in predicted],
+              "gold_tokens": [2 + i for i in gold], "rows": ["start query", "end query"],
+              "reduction": "max over layers and heads", "plot": str(png)}
+    atomic_write_json(out / "attention.json", result, indent=None)
+    return result
+
+
+def _plot(att: np.ndarray, tokens: list[str], predicted: list[int], gold: list[int], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    s = att.shape[1]
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.16 * s + 1.5), 2.6))
+    im = ax.imshow(att, aspect="auto", cmap="viridis", vmin=0, vmax=float(att.max()) or 1.0)
+    ax.set_yticks([0, 1], ["start query", "end query"], fontsize=8)
+    ax.set_xticks(range(s), tokens, rotation=90, fontsize=6)
+    for i in predicted:
+        ax.add_patch(Rectangle((i - 0.5, -0.5), 1, 2, fill=False, edgecolor="red", linewidth=1.2))
+        ax.get_xticklabels()[i].set_color("red")
+    for i in gold:  # gold tokens: bold green labels (bold red when also predicted)
+        label = ax.get_xticklabels()[i]
+        label.set_fontweight("bold")
+        if i not in predicted:
+            label.set_color("green")
+    ax.set_title(title[:160], fontsize=8)
+    fig.colorbar(im, ax=ax, fraction=0.02, pad=0.01)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
