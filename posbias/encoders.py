@@ -138,6 +138,8 @@ def load_encoder(mcfg: ModelConfig, tokenizer):
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"model.encoder: {e}") from None
         encoder = encoder_from_config(config)
+        if hasattr(encoder, "init_new_weights"):  # posbias's own encoders (BiDAF: embeddings from a model)
+            encoder.init_new_weights()
     if mcfg.position_embedding_type in RELATIVE_KINDS:
         from .relative_position import apply_relative_positions
 

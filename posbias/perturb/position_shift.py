@@ -131,6 +131,10 @@ class PositionShift:
         if kind in RELATIVE_POSITION_TYPES or config.model_type in RELATIVE_POSITION_MODELS:
             warnings.warn(f"{self.key}: {config.model_type} uses {kind if kind != 'absolute' else 'relative'} "
                           "positions; shifting position ids has no effect on it", stacklevel=2)
+        inputs = getattr(model, "_inputs", None)
+        if inputs is not None and not inputs.positions:
+            warnings.warn(f"{self.key}: the {config.model_type} encoder takes no position ids (no absolute "
+                          "position embeddings); shifting them has no effect on it", stacklevel=2)
         n_pos = getattr(config, "max_position_embeddings", None)
         # A head may put positions before the tokens (DyReF's two queries): they take part of the table.
         offset = getattr(model, "position_offset", 0)
