@@ -201,7 +201,8 @@ def test_ensemble_prunes_backward_duplicates_and_keeps_the_best():
 
 @pytest.mark.parametrize("direction", ["forward", "backward", "both"])
 def test_topk_inference_equals_exact_when_k_covers_all_starts(tokenizer, feats, direction):
-    model = head_model(tokenizer, "matrix", {"direction": direction}, seed=6).eval()
+    # float64: the two paths chunk the rows differently; no near-tie may flip an order on any CPU.
+    model = head_model(tokenizer, "matrix", {"direction": direction}, seed=6).double().eval()
     batch, _ = batch_of(feats)
     s = batch["input_ids"].shape[1]
     with torch.no_grad():
@@ -219,7 +220,7 @@ def test_topk_inference_equals_exact_when_k_covers_all_starts(tokenizer, feats, 
         with torch.no_grad():
             band = model.head.span_scores(scores, 15)
         sc, st, en = top_spans(band, batch["span_mask"], batch["span_mask"], 20)
-        torch.testing.assert_close(sc, results["exact"][0])
+        torch.testing.assert_close(sc, results["exact"][0].float())  # the generic top-k scores in float32
         assert torch.equal(st, results["exact"][1]) and torch.equal(en, results["exact"][2])
 
 
