@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from posbias.config import build_config, resolve_path  # noqa: E402
-from posbias.utils import versions  # noqa: E402
+from posbias.utils import cpu_name, versions  # noqa: E402
 
 SEED = 42
 SHARED = Path(os.environ.get("POSBIAS_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -255,7 +255,7 @@ def main():
         return
     stamp = time.strftime("%Y%m%d-%H%M%S")
     meta = {"args": vars(args), "versions": versions(), "machine": platform.processor() or platform.machine(),
-            "cpu": _cpu(), "date": stamp, "minilm": resolve_path("minilm")}
+            "cpu": cpu_name(), "date": stamp, "minilm": resolve_path("minilm")}
     if args.agreement:
         res = agreement(args)
         text = markdown_agreement(res)
@@ -268,15 +268,6 @@ def main():
         json.dumps({"meta": meta, "results": res}, indent=2), encoding="utf-8")
     print(text)
 
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

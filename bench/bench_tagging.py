@@ -43,7 +43,7 @@ from posbias.config import config_from, resolve_path  # noqa: E402
 from posbias.tagging.collate import collate  # noqa: E402
 from posbias.tagging.evaluate import eval_features, evaluate_dataset  # noqa: E402
 from posbias.tagging.task import label_list, read_for, tagging_tokenizer  # noqa: E402
-from posbias.utils import versions  # noqa: E402
+from posbias.utils import cpu_name, versions  # noqa: E402
 
 TASKS = {
     "conll": {"preset": "conll2003_minilm", "test": "shared:conll2003/test.txt", "metric": "f1"},
@@ -54,17 +54,8 @@ TASKS = {
 
 def header(args) -> dict:
     return {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
-            "cpu": _cpu_name(), "torch_threads": torch.get_num_threads(), "versions": versions(), "args": vars(args)}
+            "cpu": cpu_name(), "torch_threads": torch.get_num_threads(), "versions": versions(), "args": vars(args)}
 
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _quick(overrides: list[str], args) -> list[str]:

@@ -59,6 +59,19 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def cpu_name() -> str:
+    """The CPU model (Linux /proc/cpuinfo), for benchmark records; `platform.processor()` elsewhere."""
+    from pathlib import Path
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def versions() -> dict:
     """Versions of Python and the libraries a result depends on, plus the git commit if any."""
     import accelerate
