@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # DyReF few-shot reproduction with MiniLM on SQuAD v1.1 from ../shared/data.
-# Run from the repository root:  bash bench/dyref_fewshot.sh [spec] [--only PATTERN ...]
-#   spec: bench/dyref_fewshot.yaml (default; Table 2) or bench/dyref_masks.yaml (Table 3)
+# Run from the repository root:  bash bench/dyref_fewshot.sh [--only PATTERN ...]
+# (spec: bench/dyref_fewshot.yaml: Table 2, and Table 3's mask variants at n = 512; 27 runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPEC=bench/dyref_fewshot.yaml
-if [[ $# -gt 0 && $1 == *.yaml ]]; then SPEC=$1; shift; fi
 PB=.venv/bin/posbias
 SHARED=${POSBIAS_SHARED_DATA:-../shared/data}
 T=$SHARED/squad_v1.1_train_reconstructed

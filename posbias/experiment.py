@@ -29,6 +29,7 @@ import sys
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +46,7 @@ from .registry import SEGMENTERS
 # gold_segment_labels) and `check_options(options, key)`, called when the spec is loaded.
 
 SPEC_KEYS = {"name", "base", "overrides", "methods", "seeds", "datasets", "train_sizes", "eval_sets",
-             "output_dir", "baseline", "segments", "description", "position_eval"}
+             "output_dir", "baseline", "segments", "description", "position_eval", "exclude"}
 POSITION_EVAL_OPTIONS = {"k_max", "quantiles", "modes", "max_len", "batch_tokens", "alphas"}
 
 
@@ -150,6 +151,9 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
     base = deep_merge(base, _as_overrides(spec.get("overrides"), "overrides"))
     out = Path(output_dir or spec.get("output_dir") or f"runs/experiments/{spec['name']}")
 
+    exclude = spec.get("exclude") or []
+    if not isinstance(exclude, list) or not all(isinstance(p, str) for p in exclude):
+        raise ConfigError(f"experiment spec: exclude must be a list of run-name patterns, got {exclude!r}")
     datasets = spec.get("datasets") or {None: {}}
     sizes = spec.get("train_sizes") or [None]
     runs = []
@@ -157,8 +161,9 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
         for size in sizes:
             for method, m_over in methods.items():
                 for seed in seeds:
-                    parts = [p for p in (ds_name, f"n{size}" if size else None, method, f"seed{seed}") if p]
-                    name = "/".join(parts)
+                    name = _run_name(ds_name, size, method, seed)
+                    if any(fnmatchcase(name, p) for p in exclude):
+                        continue
                     d = deep_merge(base, _as_overrides(ds_over, f"datasets.{ds_name}"))
                     d = deep_merge(d, _as_overrides(m_over, f"methods.{method}"))
                     run_dir = out / "runs" / name
@@ -170,6 +175,12 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
                     except ConfigError as e:
                         raise ConfigError(f"experiment run {name}: {e}") from None
                     runs.append(Run(name, method, seed, ds_name, size, cfg, run_dir))
+    grid = [_run_name(d, n, m, k) for d in datasets for n in sizes for m in methods for k in seeds]
+    unused = [p for p in exclude if not any(fnmatchcase(name, p) for name in grid)]
+    if unused:
+        raise ConfigError(f"experiment spec: exclude pattern {unused[0]!r} matches none of the grid's runs")
+    if not runs:
+        raise ConfigError("experiment spec: exclude removes every run of the grid")
     eval_sets = spec.get("eval_sets") or {}
     if not isinstance(eval_sets, dict):
         raise ConfigError("experiment spec: eval_sets must be a mapping name -> file")
@@ -177,6 +188,11 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
     position_eval = _position_eval_spec(spec.get("position_eval"), eval_sets, runs)
     return Experiment(spec["name"], out, runs, baseline, list(methods), dict(eval_sets), list(segments),
                       spec_path, position_eval)
+
+
+def _run_name(dataset, size, method: str, seed: int) -> str:
+    """`<dataset>/n<size>/<method>/seed<k>`, without the parts the grid does not have."""
+    return "/".join(p for p in (dataset, f"n{size}" if size else None, method, f"seed{seed}") if p)
 
 
 def _position_eval_spec(value, eval_sets: dict, runs: list[Run]) -> dict[str, dict]:
@@ -269,8 +285,6 @@ def run_experiment(spec, output_dir: str | None = None, *, launcher: str = "loca
         raise ConfigError(f"--launcher must be local or accelerate, got {launcher!r}")
     exp = load_experiment(spec, output_dir)
     if only:
-        from fnmatch import fnmatchcase
-
         picked = [r for r in exp.runs if any(fnmatchcase(r.name, p) for p in only)]
         if not picked:
             raise ConfigError(f"--only {' '.join(only)} matches none of the runs of {exp.name} "

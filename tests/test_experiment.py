@@ -353,6 +353,23 @@ def test_position_eval_is_refused_for_qa(tmp_path):
         load_experiment(spec)
 
 
+def test_exclude_removes_cells_of_the_grid(tmp_path):
+    """`exclude` drops grid cells (e.g. extra methods run at one dataset only); a pattern that matches
+    nothing, or one that empties the grid, is a spec error."""
+    spec = smoke_spec(tmp_path, datasets={"a": {}, "b": {}})
+    first, *rest = spec["methods"]
+    spec["exclude"] = [f"b/{m}/*" for m in rest]
+    names = [r.name for r in load_experiment(spec).runs]
+    seeds = spec["seeds"]
+    assert names == ([f"a/{m}/seed{k}" for m in spec["methods"] for k in seeds] + [f"b/{first}/seed{k}" for k in seeds])
+    with pytest.raises(ConfigError, match="exclude pattern 'c/\\*' matches none"):
+        load_experiment({**spec, "exclude": ["c/*"]})
+    with pytest.raises(ConfigError, match="removes every run"):
+        load_experiment({**spec, "exclude": ["*"]})
+    with pytest.raises(ConfigError, match="exclude must be a list"):
+        load_experiment({**spec, "exclude": "b/*"})
+
+
 def test_only_runs_the_matching_runs(tmp_path):
     """`--only` patterns pick runs of the grid (e.g. one lane of a parallel run); the rest are untouched."""
     spec = smoke_spec(tmp_path)

@@ -113,6 +113,20 @@ def test_vcp_equations_on_a_constructed_case():
     torch.testing.assert_close(out["end_logits"][0, 3:6], pointer(h_e))
 
 
+def test_question_pooling_scores_only_the_question_columns_and_equals_the_full_formula():
+    """Eq. 5-6 over the whole window (masked) and over the batch's question columns give the same h_s."""
+    from posbias.qa.heads.pointer import QuestionPooling
+
+    torch.manual_seed(3)
+    pool = QuestionPooling(6, 4).double()
+    h = torch.randn(3, 10, 6, dtype=torch.float64)
+    q = torch.zeros(3, 10, dtype=torch.bool)
+    q[0, 1:3], q[1, 2:6], q[2, 7:9] = True, True, True  # different spans per example (context first in row 2)
+    logits = pool.v(torch.tanh(pool.proj(h))).squeeze(-1).masked_fill(~q, float("-inf"))
+    expect = torch.einsum("bs,bsd->bd", logits.softmax(-1), h)
+    torch.testing.assert_close(pool(h, q), expect, rtol=1e-12, atol=1e-12)
+
+
 def test_chunked_matrix_scores_equal_the_concatenation_formula(monkeypatch):
     """Eq. 7 as written, vᵀ tanh(V [H_j ; H_i]) with V = [V₁ V₂], against the chunked rows."""
     torch.manual_seed(1)
@@ -123,26 +137,26 @@ def test_chunked_matrix_scores_equal_the_concatenation_formula(monkeypatch):
     naive = (torch.tanh(cat @ V.T) @ scorer.v.weight[0])  # (b, i, j)
     monkeypatch.setattr(matrix_mod, "CHUNK_ELEMENTS", 2 * 9 * 4 * 2)  # with gradient: two rows per chunk
     monkeypatch.setattr(matrix_mod, "CACHE_ELEMENTS", 9 * 4 * 3)  # without: three rows per chunk
-    a, b = scorer.project(h)
+    a = scorer.project(h)
     rows = torch.arange(9).expand(2, 9)
-    torch.testing.assert_close(scorer.rows(a, b, rows), naive, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(scorer.rows(a, h, rows), naive, rtol=1e-12, atol=1e-12)
     with torch.no_grad():
-        torch.testing.assert_close(scorer.rows(a, b, rows), naive, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(scorer.rows(a, h, rows), naive, rtol=1e-12, atol=1e-12)
         cols = torch.rand(2, 9) > 0.4  # only candidate columns are computed, the others are -inf
-        some = scorer.rows(a, b, rows[:, [5, 2]], cols)
+        some = scorer.rows(a, h, rows[:, [5, 2]], cols)
         torch.testing.assert_close(some, naive[:, [5, 2]].masked_fill(~cols[:, None], float("-inf")),
                                    rtol=1e-12, atol=1e-12)
     # Gradients through the checkpointed chunks equal those of the naive formula.
     h.requires_grad_(True)
-    a, b = scorer.project(h)
-    g1 = torch.autograd.grad(scorer.rows(a, b, rows).square().sum(), h)[0]
+    a = scorer.project(h)
+    g1 = torch.autograd.grad(scorer.rows(a, h, rows).square().sum(), h)[0]
     cat = torch.cat([h[:, None, :, :].expand(2, 9, 9, 6), h[:, :, None, :].expand(2, 9, 9, 6)], -1)
     g2 = torch.autograd.grad((torch.tanh(cat @ V.T) @ scorer.v.weight[0]).square().sum(), h)[0]
     torch.testing.assert_close(g1, g2, rtol=1e-10, atol=1e-12)
     # A sampled block is the same entries.
     r = torch.tensor([[4, 0], [8, 3]])
     c = torch.tensor([[[1, 2, 8], [0, 0, 5]], [[7, 3, 3], [6, 1, 0]]])
-    block = scorer.pairs(a, b, r, c)
+    block = scorer.pairs(a, h, r, c)
     expect = naive[torch.arange(2)[:, None, None], r[:, :, None], c]
     torch.testing.assert_close(block, expect, rtol=1e-12, atol=1e-12)
 
@@ -171,7 +185,7 @@ def test_sampled_block_holds_the_gold_pair_exactly_once():
     d = head(h, batch)["forward"]
     gs, ge = torch.tensor([3, 7]), torch.tensor([5, 7])
     rows, _ = _top_but_gold(d["first"], batch["span_mask"], gs, 4)
-    z = head.dir("forward").pairs.rows(d["a"], d["b"], rows)
+    z = head.dir("forward").pairs.rows(d["a"], d["hidden"], rows)
     cols, _ = _top_but_gold(z, batch["span_mask"][:, None, :].expand_as(z), ge[:, None].expand(-1, 4), 4)
     pairs = (rows[:, :, None] == gs[:, None, None]) & (cols == ge[:, None, None])
     assert (pairs.sum((1, 2)) == 1).all() and pairs[:, -1, -1].all()

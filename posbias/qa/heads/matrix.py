@@ -5,8 +5,9 @@ One *direction* (forward = start first, MaP_F; backward = end first) is:
     p_first = softmax(vᵀ tanh(V Hᵀ + [W h_s]ⁿ)), h_s pooled from the question   Eq. 4-6 (Alg. 1 l. 6)
     P_second(i, ·) = softmax_j(vᵀ tanh(V [H_j ; H_i]))                         Eq. 7, one row per i
 and a span's probability is p_first(i) · P_second(i, j) (§2.6). V [H_j ; H_i] = V₁H_j + V₂H_i, so a
-matrix entry is vᵀ tanh(A_j + B_i) with A = V₁H, B = V₂H (b, s, l): the (b, s, s, 2d) concatenation
-is never built, and rows are computed in chunks of bounded size.
+matrix entry is vᵀ tanh(A_j + B_i) with A = V₁H (b, s, l) and B_i = V₂H_i projected only for the rows
+in use (sampled or top-k rows, not all s): the (b, s, s, 2d) concatenation is never built, and rows
+are computed in chunks of bounded size.
 
 Options (`model.head_options`):
 - `direction` (§2.6): `forward`, `backward`, or `both` — ONE model with both directions on the
@@ -61,23 +62,28 @@ class PairScorer(nn.Module):
         self.row = nn.Linear(hidden_size, width, bias=False)  # V₂, applied to H_i
         self.v = nn.Linear(width, 1, bias=False)
 
-    def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.col(hidden), self.row(hidden)  # A, B: (b, s, l)
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.col(hidden)  # A: (b, s, l)
+
+    def project_rows(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """B_i = V₂H_i for the rows `rows` (b, r) only: (b, r, l)."""
+        return self.row(hidden.gather(1, rows[:, :, None].expand(-1, -1, hidden.shape[-1])))
 
     def _rows(self, a: torch.Tensor, b_rows: torch.Tensor) -> torch.Tensor:
         return self.v(torch.tanh(a[:, None, :, :] + b_rows[:, :, None, :])).squeeze(-1)  # (b, r, s)
 
-    def rows(self, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor,
+    def rows(self, a: torch.Tensor, hidden: torch.Tensor, rows: torch.Tensor,
              cols: torch.Tensor | None = None) -> torch.Tensor:
         """(b, r, s) logits of rows `rows` (b, r) against every column, or only the columns where
         `cols` (b, s) is True (the others come back -inf): a softmax over candidates needs no more.
+        `a` is `project(hidden)`.
 
         With gradient: chunks of rows over the batch, each recomputed in backward (checkpointing).
         Without: one example at a time, in chunks small enough for the (r, s, l) tanh input to stay
         in cache (about 2x faster than whole-batch chunks on CPU), in place.
         """
         n, s, width = a.shape
-        b_rows = b.gather(1, rows[:, :, None].expand(-1, -1, width))  # (b, r, l)
+        b_rows = self.project_rows(hidden, rows)  # (b, r, l)
         if torch.is_grad_enabled() and (a.requires_grad or b_rows.requires_grad):
             step = max(1, CHUNK_ELEMENTS // max(1, n * s * width))
             # Keep only each chunk's inputs for backward: the (b, r, s, l) tanh is recomputed.
@@ -99,12 +105,12 @@ class PairScorer(nn.Module):
                     out[i, c:c + step, idx] = z
         return out
 
-    def pairs(self, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    def pairs(self, a: torch.Tensor, hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """(b, r, c) logits z(rows[b, r], cols[b, r, c]): the sampled block of Eq. 8-12."""
         n, r, c = cols.shape
         width = a.shape[-1]
         a_cols = a.gather(1, cols.reshape(n, r * c, 1).expand(-1, -1, width)).reshape(n, r, c, width)
-        b_rows = b.gather(1, rows[:, :, None].expand(-1, -1, width))  # (b, r, l)
+        b_rows = self.project_rows(hidden, rows)  # (b, r, l)
         return self.v(torch.tanh(a_cols + b_rows[:, :, None, :])).squeeze(-1)
 
 
@@ -119,12 +125,11 @@ class Direction(nn.Module):
 
     def forward(self, hidden: torch.Tensor, qmask: torch.Tensor, mask: torch.Tensor) -> dict:
         first = masked_logits(self.pointer(hidden, self.pool(hidden, qmask)), mask)  # (b, s)
-        a, b = self.pairs.project(hidden)
-        return {"first": first, "a": a, "b": b}
+        return {"first": first, "a": self.pairs.project(hidden), "hidden": hidden}
 
     def row_log_probs(self, d: dict, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(b, r, s) log P_second(row, ·): Eq. 7's softmax over the candidates of each row."""
-        z = upcast(self.pairs.rows(d["a"], d["b"], rows, mask))
+        z = upcast(self.pairs.rows(d["a"], d["hidden"], rows, mask))
         return z.masked_fill(~mask[:, None, :], NEG).log_softmax(-1)
 
     def loss(self, d: dict, mask: torch.Tensor, gold_first: torch.Tensor, gold_second: torch.Tensor,
@@ -134,16 +139,16 @@ class Direction(nn.Module):
         n, s = first.shape
         if training == "exact":
             rows = torch.arange(s, device=first.device).expand(n, s)
-            z = upcast(self.pairs.rows(d["a"], d["b"], rows))  # (b, s, s)
+            z = upcast(self.pairs.rows(d["a"], d["hidden"], rows))  # (b, s, s)
             valid = mask[:, :, None] & mask[:, None, :]
             target = gold_first * s + gold_second
         else:
             rows, row_ok = _top_but_gold(first, mask, gold_first, k)  # Eq. 8-9: (b, r)
             with torch.no_grad():
-                z_rows = self.pairs.rows(d["a"], d["b"], rows, mask)  # (b, r, s), only to pick columns
+                z_rows = self.pairs.rows(d["a"], d["hidden"], rows, mask)  # (b, r, s), only to pick columns
             cols, col_ok = _top_but_gold(upcast(z_rows), mask[:, None, :].expand_as(z_rows),
                                          gold_second[:, None].expand(-1, rows.shape[1]), k)  # (b, r, c)
-            z = upcast(self.pairs.pairs(d["a"], d["b"], rows, cols))  # (b, r, c), with gradient
+            z = upcast(self.pairs.pairs(d["a"], d["hidden"], rows, cols))  # (b, r, c), with gradient
             valid = row_ok[:, :, None] & col_ok
             target = torch.full_like(gold_first, rows.shape[1] * cols.shape[2] - 1)  # gold: last row, last column
         z = masked_logits(z, valid).reshape(n, -1)  # Eq. 12: 𝒯, the row-wise flatten

@@ -44,8 +44,14 @@ class QuestionPooling(nn.Module):
         self.v = nn.Linear(width, 1, bias=False)  # v_Q
 
     def forward(self, hidden: torch.Tensor, question_mask: torch.Tensor) -> torch.Tensor:
-        logits = self.v(torch.tanh(self.proj(hidden))).squeeze(-1)  # (b, s)
-        p_init = masked_logits(logits, question_mask).softmax(-1)  # (b, s)
+        # Only the columns from the batch's first to its last question token are scored: the others
+        # are masked anyway, and the question is a small part of a window.
+        cols = question_mask.any(0).nonzero()
+        if len(cols):
+            lo, hi = int(cols[0]), int(cols[-1]) + 1
+            hidden, question_mask = hidden[:, lo:hi], question_mask[:, lo:hi]
+        logits = self.v(torch.tanh(self.proj(hidden))).squeeze(-1)  # (b, q)
+        p_init = masked_logits(logits, question_mask).softmax(-1)  # (b, q)
         return torch.einsum("bs,bsd->bd", p_init, hidden)
 
 
@@ -59,7 +65,11 @@ class AdditivePointer(nn.Module):
         self.v = nn.Linear(width, 1, bias=False)  # v
 
     def forward(self, hidden: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        return self.v(torch.tanh(self.proj(hidden) + self.state(state)[:, None, :])).squeeze(-1)
+        return self.score(self.proj(hidden), state)
+
+    def score(self, projected: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """Eq. 4 from V H (b, s, l) computed once: VCP's two pointer steps share it."""
+        return self.v(torch.tanh(projected + self.state(state)[:, None, :])).squeeze(-1)
 
 
 def question_mask(batch: dict) -> torch.Tensor:
@@ -92,11 +102,12 @@ class ConditionalPointerHead(AdditiveSpans, nn.Module):
     def forward(self, hidden: torch.Tensor, batch: dict, targets: dict | None = None) -> dict:
         mask = candidate_mask(batch["span_mask"], batch["cls_index"], self.null_answer)  # (b, s)
         h_s = self.pool(hidden, question_mask(batch))  # (b, d)  Eq. 5-6
-        start = masked_logits(self.pointer(hidden, h_s), mask)  # (b, s)  Eq. 4 with h_s
+        vh = self.pointer.proj(hidden)  # (b, s, l): V H, shared by both steps
+        start = masked_logits(self.pointer.score(vh, h_s), mask)  # (b, s)  Eq. 4 with h_s
         p_s = upcast(start).softmax(-1).to(hidden.dtype)  # (b, s)
         c_e = torch.einsum("bs,bsd->bd", p_s, hidden)  # Eq. 3
         h_e = self.rnn(c_e, h_s)  # Eq. 2
-        end = masked_logits(self.pointer(hidden, h_e), mask)  # Eq. 4
+        end = masked_logits(self.pointer.score(vh, h_e), mask)  # Eq. 4
         out = {"start_logits": upcast(start).log_softmax(-1), "end_logits": upcast(end).log_softmax(-1)}
         if targets is not None:
             out["loss"] = (cross_entropy(start, targets["start_positions"])
