@@ -8,12 +8,16 @@ head adds to the whole evaluation / training step.
     `--reps` times in a rotating order; medians and ratios to `independent` of the same run.
     inference = `run_windows` (forward + top-20 spans per window, the evaluation path) over the same
     dev windows; training = forward + backward + AdamW step on the same batches of train windows.
+  interleaved: `--interleaved` runs every inference head in one process, batch by batch in a rotating
+    order, and reports each head's median time ratio to `independent` on the same batch and round:
+    load that drifts over minutes (a busy machine) cancels, which separate processes cannot do.
   agreement: `--agreement CKPT [CKPT ...]` evaluates trained `matrix` checkpoints on dev questions
     with `inference: exact` and with `topk` for several k: share of questions whose answer changes,
     EM/F1 and wall time of each.
 
 Usage:
     python bench/bench_heads.py [--dev 200] [--steps 6] [--batch-size 16] [--reps 3] [--threads 2]
+    python bench/bench_heads.py --interleaved [--dev 64] [--reps 5]
     python bench/bench_heads.py --agreement runs/x/best [--dev 1000] [--topk 5 10 20]
 Writes bench/out/heads/<timestamp>.json and prints Markdown for BENCHMARKS.md.
 """
@@ -145,6 +149,8 @@ def measure(phase: str, label: str, args) -> dict:
 def cost(args) -> dict:
     rows = []
     for phase, table in (("inference", INFERENCE), ("training", TRAINING)):
+        if phase not in args.phases:
+            continue
         labels = list(table)
         for rep in range(args.reps):
             for label in labels[rep % len(labels):] + labels[:rep % len(labels)]:  # rotate the order
@@ -159,7 +165,7 @@ def cost(args) -> dict:
                 print(f"  {phase:9s} {label:20s} rep {rep}: {row['wall_s']:.1f} s, peak {row['peak_rss_mb']:.0f} MB",
                       file=sys.stderr, flush=True)
     summary = {}
-    for phase in ("inference", "training"):
+    for phase in args.phases:
         base = None
         for label in (INFERENCE if phase == "inference" else TRAINING):
             walls = [r["wall_s"] for r in rows if r["phase"] == phase and r["label"] == label]
@@ -173,7 +179,7 @@ def cost(args) -> dict:
 
 def markdown_cost(res: dict, args) -> str:
     out = []
-    for phase, unit in (("inference", "windows"), ("training", "steps")):
+    for phase in args.phases:
         units = next(r["units"] for r in res["rows"] if r["phase"] == phase)
         what = (f"{units} dev windows, batches of 32, decode top-20" if phase == "inference"
                 else f"{units} steps of {args.batch_size} train windows")
@@ -185,6 +191,53 @@ def markdown_cost(res: dict, args) -> str:
                 out.append(f"| {key.split('/', 1)[1]} | {s['median_s']:.1f} s | {s['ratio']:.3f} | "
                            f"{s['peak_rss_mb']:.0f} MB | {s['extra_peak_mb']:+.0f} MB |")
         out.append("")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ interleaved
+def interleaved(args) -> dict:
+    """Every inference head in ONE process, timed batch by batch in a rotating order, `--reps`
+    rounds: each head's time on a batch is divided by `independent`'s on the same batch in the same
+    round, so load that drifts over minutes cancels; the median of these ratios is reported."""
+    from posbias.qa.collate import collate
+    from posbias.qa.decode import batch_candidates
+    from posbias.qa.evaluate import eval_features
+
+    torch.set_num_threads(args.threads)
+    labels = list(INFERENCE)
+    models = {label: build(*INFERENCE[label]) for label in labels}
+    _, tok, cfg = models["independent"]
+    feats = eval_features(dev_examples(args.dev), tok, cfg, "dev")
+    order = np.argsort(-feats.lengths, kind="stable")
+    batches = [collate(feats, order[i:i + 32], pad_id=tok.pad_token_id, padding_side=tok.padding_side)
+               for i in range(0, len(order), 32)]
+    times = {label: [] for label in labels}  # (round, batch) -> seconds
+    with torch.inference_mode():
+        for rnd in range(args.reps + 1):  # round 0 warms up and is dropped
+            for bi, batch in enumerate(batches):
+                shift = (rnd * len(batches) + bi) % len(labels)
+                for label in labels[shift:] + labels[:shift]:
+                    model = models[label][0].eval()
+                    t0 = time.perf_counter()
+                    scores = model(batch)
+                    batch_candidates(model.head, scores, batch, k=20, max_answer_len=30)
+                    if rnd:
+                        times[label].append(time.perf_counter() - t0)
+            print(f"  round {rnd} done", file=sys.stderr, flush=True)
+    base = np.array(times["independent"])
+    summary = {label: {"median_ratio": float(np.median(np.array(t) / base)),
+                       "q25": float(np.quantile(np.array(t) / base, 0.25)),
+                       "q75": float(np.quantile(np.array(t) / base, 0.75)),
+                       "total_s": float(np.sum(t)) / args.reps} for label, t in times.items()}
+    return {"windows": len(feats), "batches": len(batches), "summary": summary}
+
+
+def markdown_interleaved(res: dict, args) -> str:
+    out = [f"**Inference, interleaved** ({res['windows']} dev windows in {res['batches']} batches of 32, "
+           f"{args.reps} rounds, {args.threads} threads; ratio = median over (round, batch) of time / independent's):", "",
+           "| head | s per pass | ratio to independent | interquartile range |", "|---|---|---|---|"]
+    for label, r in res["summary"].items():
+        out.append(f"| {label} | {r['total_s']:.1f} | {r['median_ratio']:.3f} | {r['q25']:.3f}–{r['q75']:.3f} |")
     return "\n".join(out)
 
 
@@ -246,6 +299,9 @@ def main():
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--phases", nargs="+", choices=["inference", "training"], default=["inference", "training"])
+    ap.add_argument("--interleaved", action="store_true",
+                    help="inference only: all heads in one process, timed batch by batch in rotation")
     ap.add_argument("--agreement", nargs="+", default=None, metavar="CKPT")
     ap.add_argument("--topk", nargs="+", type=int, default=[5, 10, 20])
     ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
@@ -259,15 +315,18 @@ def main():
     if args.agreement:
         res = agreement(args)
         text = markdown_agreement(res)
+    elif args.interleaved:
+        res = interleaved(args)
+        text = markdown_interleaved(res, args)
     else:
         res = cost(args)
         text = markdown_cost(res, args)
     out = ROOT / "bench" / "out" / "heads"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{'agreement' if args.agreement else 'cost'}-{stamp}.json").write_text(
+    kind = "agreement" if args.agreement else "interleaved" if args.interleaved else "cost"
+    (out / f"{kind}-{stamp}.json").write_text(
         json.dumps({"meta": meta, "results": res}, indent=2), encoding="utf-8")
     print(text)
-
 
 
 if __name__ == "__main__":
