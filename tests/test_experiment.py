@@ -383,3 +383,13 @@ def test_only_runs_the_matching_runs(tmp_path):
                         f"{next(iter(spec['methods']))}/*"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.strip().splitlines()) == 2
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "bench").glob("*.yaml")), ids=lambda p: p.stem)
+def test_benchmark_specs_expand(path):
+    """The reproduction specs under bench/ are valid (their data files are built by the bench scripts)."""
+    spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if "methods" not in spec:
+        pytest.skip("not an experiment spec")
+    exp = load_experiment(path)
+    assert len(exp.runs) >= len(exp.methods)
