@@ -155,6 +155,14 @@ def experiment_run(spec, output_dir=None, **kw) -> dict:
     return run_experiment(experiment_spec_path(spec), output_dir, **kw)
 
 
+def experiment_copy(src_dir, dest_dir, force: bool = False) -> dict:
+    """Copy finished runs' results (not checkpoints) between experiment folders; see
+    `posbias.experiment.copy_results`."""
+    from .experiment import copy_results
+
+    return copy_results(src_dir, dest_dir, force=force)
+
+
 def experiment_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
     """Write report.md, report.html and plots/ for an experiment folder."""
     from .analysis.report import write_report

@@ -134,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--only", nargs="+", default=None, metavar="PATTERN",
                    help="run only these runs (shell patterns of run names, e.g. 'cp/*' rpp/seed2); "
                         "lets several processes share one grid")
+    q = ex.add_parser("copy", help="copy finished runs' results (no checkpoints) into another experiment folder")
+    q.add_argument("src", help="experiment folder holding experiment.sqlite")
+    q.add_argument("dest", help="folder to archive into, restore into, or join with (created if missing)")
+    q.add_argument("--force", action="store_true", help="replace runs finished in both with different configs")
     q = ex.add_parser("report", help="aggregate an experiment folder into report.md/.html + plots")
     q.add_argument("dir")
     q.add_argument("--bootstrap-samples", type=int, default=10_000)
@@ -231,6 +235,10 @@ def run(args) -> int:
             print(f"experiment {res['experiment']}: ran {len(res['ran'])}, skipped {len(res['skipped_finished'])} "
                   f"finished; results in {res['output_dir']}/experiment.sqlite")
             print(f"next: posbias experiment report {res['output_dir']}")
+    elif args.command == "experiment" and args.action == "copy":
+        res = api.experiment_copy(args.src, args.dest, force=args.force)
+        print(f"copied {len(res['copied'])} finished run(s) from {res['source']} to {res['destination']}"
+              + (f" (replaced {len(res['replaced'])})" if res["replaced"] else ""))
     elif args.command == "experiment" and args.action == "report":
         _print(api.experiment_report(args.dir, bootstrap_samples=args.bootstrap_samples))
     elif args.command == "data" and args.action == "stats":

@@ -440,6 +440,67 @@ def collect_results(exp: Experiment, run: Run) -> dict:
     return {"metrics": metrics, "questions": questions, "segments": segments, "curves": curves}
 
 
+def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
+    """Copy the finished runs' results (not their checkpoints) of one experiment folder into another.
+
+    Archives a grid's results next to its report (a few MB instead of GBs of checkpoints), restores
+    them into a working folder (where `experiment run` then skips those runs), or joins the stores
+    of machines that each ran a part of a grid with `--only`. A run finished in both with a different
+    config hash is refused unless `force`. The destination's store is written through SQLite's
+    backup of a complete copy, so an interruption leaves it as it was.
+    """
+    from .utils import atomic_write_text
+
+    src_dir, dest_dir = Path(src_dir), Path(dest_dir)
+    src_db = src_dir / "experiment.sqlite"
+    if not src_db.is_file():
+        raise ConfigError(f"{src_dir} holds no experiment.sqlite (run `posbias experiment run` first)")
+    if src_dir.resolve() == dest_dir.resolve():
+        raise ConfigError(f"experiment copy: source and destination are the same folder ({src_dir})")
+    tables = {"segments": "run", "question_scores": "run", "curves": "run"}
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    with closing(sqlite3.connect(":memory:")) as work:
+        dest_db = dest_dir / "experiment.sqlite"
+        if dest_db.is_file():
+            with closing(sqlite3.connect(str(dest_db), timeout=60)) as d:
+                d.backup(work)
+        work.executescript(SCHEMA)
+        with closing(sqlite3.connect(str(src_db), timeout=60)) as src:
+            finished = src.execute("SELECT * FROM runs WHERE status = 'finished' ORDER BY name").fetchall()
+            columns = [c[0] for c in src.execute("SELECT * FROM runs LIMIT 0").description]
+            conflicts = []
+            for row in finished:
+                name, h = row[0], row[columns.index("config_hash")]
+                old = work.execute("SELECT status, config_hash FROM runs WHERE name = ?", (name,)).fetchone()
+                if old and old[0] == "finished" and old[1] != h:
+                    conflicts.append(name)
+            if conflicts and not force:
+                raise ConfigError(f"experiment copy: run {conflicts[0]} is finished in both {src_dir} and {dest_dir} "
+                                  f"with different configs ({len(conflicts)} run(s) in all); pass --force to "
+                                  "replace the destination's")
+            with work:
+                for row in finished:
+                    work.execute("DELETE FROM runs WHERE name = ?", (row[0],))
+                    work.execute(f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", row)
+                    for table, key in tables.items():
+                        work.execute(f"DELETE FROM {table} WHERE {key} = ?", (row[0],))
+                        rows = src.execute(f"SELECT * FROM {table} WHERE {key} = ?", (row[0],)).fetchall()
+                        if rows:
+                            work.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+        tmp = dest_dir / "experiment.sqlite.tmp"
+        tmp.unlink(missing_ok=True)
+        with closing(sqlite3.connect(str(tmp))) as out:
+            work.backup(out)
+            out.execute("VACUUM")
+        tmp.replace(dest_db)
+        for suffix in ("-wal", "-shm"):  # a stale write-ahead log must not be replayed onto the new file
+            (dest_dir / f"experiment.sqlite{suffix}").unlink(missing_ok=True)
+    if (src_dir / "experiment.yaml").is_file() and not (dest_dir / "experiment.yaml").is_file():
+        atomic_write_text(dest_dir / "experiment.yaml", (src_dir / "experiment.yaml").read_text(encoding="utf-8"))
+    return {"source": str(src_dir), "destination": str(dest_dir), "copied": [r[0] for r in finished],
+            "replaced": conflicts}
+
+
 # -------------------------------------------------------------------------------------- aggregation
 def load_results(exp_dir) -> dict:
     """Everything the report needs, read from `<exp_dir>/experiment.sqlite`."""

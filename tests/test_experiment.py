@@ -370,6 +370,36 @@ def test_exclude_removes_cells_of_the_grid(tmp_path):
         load_experiment({**spec, "exclude": "b/*"})
 
 
+def test_copy_archives_restores_and_joins_results(smoke, tmp_path):
+    """`experiment copy`: results without checkpoints; a report from the archive equals the original's;
+    restored into a fresh folder, `experiment run` skips every run; conflicting configs are refused."""
+    exp_dir, spec, _ = smoke
+    archive = tmp_path / "archive"
+    res = posbias.experiment_copy(exp_dir, archive)
+    assert sorted(res["copied"]) == sorted(f"{m}/seed{s}" for m in spec["methods"] for s in spec["seeds"])
+    assert {p.name for p in archive.iterdir()} == {"experiment.sqlite", "experiment.yaml"}
+    original, copied = load_results(exp_dir), load_results(archive)
+    for key in ("runs", "segments", "curves", "questions"):
+        rows = lambda r: sorted(r[key], key=lambda x: json.dumps(x, sort_keys=True))  # noqa: E731
+        assert rows(copied) == rows(original) and len(rows(copied)) > 0
+    assert aggregate(copied, bootstrap_samples=200) == aggregate(original, bootstrap_samples=200)
+    # Restore into a fresh working folder: every run counts as finished there.
+    fresh = dict(spec, output_dir=str(tmp_path / "fresh"))
+    posbias.experiment_copy(archive, tmp_path / "fresh")
+    assert posbias.experiment_run(fresh, progress=False)["ran"] == []
+    # Join: a second store holding one run with another config is refused, then replaced with --force.
+    other = tmp_path / "other"
+    posbias.experiment_copy(archive, other)
+    with sqlite3.connect(other / "experiment.sqlite") as conn:
+        conn.execute("UPDATE runs SET config_hash = 'x' WHERE name = 'context_softmax/seed1'")
+    with pytest.raises(ConfigError, match="context_softmax/seed1 is finished in both"):
+        posbias.experiment_copy(other, archive)
+    assert load_results(archive)["runs"] == original["runs"]  # untouched by the refused copy
+    assert posbias.experiment_copy(other, archive, force=True)["replaced"] == ["context_softmax/seed1"]
+    with pytest.raises(ConfigError, match="holds no experiment.sqlite"):
+        posbias.experiment_copy(tmp_path / "nothing", archive)
+
+
 def test_only_runs_the_matching_runs(tmp_path):
     """`--only` patterns pick runs of the grid (e.g. one lane of a parallel run); the rest are untouched."""
     spec = smoke_spec(tmp_path)

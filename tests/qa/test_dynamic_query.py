@@ -51,6 +51,8 @@ def test_queries_are_prepended_with_positions_0_and_1(tokenizer, feats):
     assert (pos[:, 2:][real] == (real.long().cumsum(1) - 1 + 2)[real]).all()  # every token moved by 2
     assert (pos[:, 2:][~real] == 0).all()  # padding keeps the pad position
     assert (kw["token_type_ids"][:, :2] == 0).all() and torch.equal(kw["token_type_ids"][:, 2:], batch["token_type_ids"])
+    assert torch.equal(kw["attention_mask"], torch.cat([torch.ones(b, 2, dtype=torch.long), batch["attention_mask"]], 1))
+    kw = dyref(tokenizer, {"attention": "causal"}).head.encoder_kwargs(model.encoder, model._inputs, batch)
     assert kw["attention_mask"].shape == (b, 1, s + 2, s + 2) and kw["attention_mask"].dtype == torch.float32
 
 
@@ -119,6 +121,22 @@ def test_masks_act_on_the_outputs_with_both_attention_implementations(tokenizer,
     assert changed(moved[0]["tokens"][real], ref["tokens"][real]) == (kind == "full")
     assert changed(moved[1]["queries"][:, 0], ref["queries"][:, 0]) == (kind in ("full", "bidirectional"))
     assert changed(moved[0]["queries"][:, 1], ref["queries"][:, 1]) == (kind != "independent")
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_full_attention_as_a_plain_mask_equals_the_explicit_4d_mask(tokenizer, feats, attn):
+    """`full` passes the (b, S) padding mask; the explicit additive 4-D mask gives the same states."""
+    model = dyref(tokenizer, {"attention": "full", "query_pooling": "max"}, attn=attn, seed=5)
+    batch = batch_of(feats, 3)
+    kw = model.head.encoder_kwargs(model.encoder, model._inputs, batch)
+    assert kw["attention_mask"].dim() == 2
+    with torch.no_grad():
+        plain = model.encoder(**kw)
+        kw["attention_mask"] = query_attention_mask(batch["attention_mask"], "full", torch.float32)
+        explicit = model.encoder(**kw)
+    real = torch.cat([torch.ones(3, 2, dtype=torch.bool), batch["attention_mask"].bool()], 1)
+    for a, b in zip(plain.hidden_states, explicit.hidden_states):
+        torch.testing.assert_close(a[real], b[real], rtol=1e-5, atol=1e-5)
 
 
 def test_eager_and_sdpa_agree(tokenizer, feats):

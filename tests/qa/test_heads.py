@@ -191,16 +191,47 @@ def test_sampled_block_holds_the_gold_pair_exactly_once():
     assert (pairs.sum((1, 2)) == 1).all() and pairs[:, -1, -1].all()
 
 
-def test_sampled_loss_equals_exact_loss_when_k_covers_the_sequence(tokenizer, feats):
+@pytest.mark.parametrize("normalization", ["row", "block"])
+def test_sampled_loss_equals_exact_loss_when_k_covers_the_sequence(tokenizer, feats, normalization):
     batch, targets = batch_of(feats, 4)
     s = batch["input_ids"].shape[1]
     losses = {}
     for training in ("exact", "sampled"):
-        model = head_model(tokenizer, "matrix", {"direction": "both", "training": training, "k": s}, seed=4).double()
+        model = head_model(tokenizer, "matrix", {"direction": "both", "training": training, "k": s,
+                                                 "normalization": normalization}, seed=4).double()
         losses[training] = model(batch, targets)["loss"]
     torch.testing.assert_close(losses["sampled"], losses["exact"], rtol=1e-10, atol=0)
-    small = head_model(tokenizer, "matrix", {"direction": "both", "training": "sampled", "k": 5}, seed=4).double()
+    small = head_model(tokenizer, "matrix", {"direction": "both", "training": "sampled", "k": 5,
+                                             "normalization": normalization}, seed=4).double()
     assert not torch.isclose(small(batch, targets)["loss"], losses["exact"])  # k < s samples a sub-block
+
+
+def test_row_normalization_is_the_gold_rows_eq7_log_probability(tokenizer, feats):
+    """`row` (Eq. 12 as written): L_second = -log P_second(gold first, gold second), the row softmax
+    of Eq. 7 that inference uses; `block` normalises over every pair and so differs."""
+    batch, targets = batch_of(feats, 4)
+    gs, ge = targets["start_positions"], targets["end_positions"]
+    losses = {}
+    for normalization in ("row", "block"):
+        model = head_model(tokenizer, "matrix", {"direction": "forward", "training": "exact",
+                                                 "normalization": normalization}, seed=5).double()
+        out = model(batch, targets)
+        losses[normalization] = out["loss"]
+    d, mask = out["forward"], out["mask"]
+    with torch.no_grad():
+        logp = model.head.dir("forward").row_log_probs(d, gs[:, None], mask)[:, 0]  # (b, s)
+    l_first = torch.nn.functional.cross_entropy(d["first"], gs)
+    l_second = -logp[torch.arange(len(gs)), ge].mean()
+    torch.testing.assert_close(losses["row"], (l_first + l_second) / 2, rtol=1e-10, atol=0)
+    assert losses["block"] > losses["row"]  # more competitors in one softmax: a larger loss
+    # Only the gold row gets gradient under `row`: B = V₂H is projected for that row alone.
+    model = head_model(tokenizer, "matrix", {"direction": "forward", "normalization": "row", "k": 6},
+                       seed=5).double()
+    seen = []
+    handle = model.head.dir("forward").pairs.row.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    model(batch, targets)["loss"].backward()
+    handle.remove()
+    assert seen and all(shape[1] == 1 for shape in seen)
 
 
 def test_ensemble_prunes_backward_duplicates_and_keeps_the_best():
@@ -254,6 +285,7 @@ def test_matrix_row_is_a_distribution_over_the_context(tokenizer, feats):
     ({"direction": "forward", "ensemble": True}, "model.head_options.ensemble"),
     ({"training": "all"}, "model.head_options.training"),
     ({"inference": "fast"}, "model.head_options.inference"),
+    ({"normalization": "joint"}, "model.head_options.normalization"),
     ({"k": 1}, "model.head_options.k"),
     ({"width": 0}, "model.head_options.width"),
     ({"kk": 3}, "model.head_options"),

@@ -82,8 +82,14 @@ class DynamicQueryHead(AdditiveSpans, nn.Module):
         b = ids.shape[0]
         tokens = encoder.get_input_embeddings()(ids)  # (b, s, d)
         embeds = torch.cat([self.queries.to(tokens.dtype)[None].expand(b, -1, -1), tokens], 1)  # (b, S, d)
-        kwargs = {"inputs_embeds": embeds, "attention_mask": query_attention_mask(mask, self.attention, embeds.dtype),
-                  "output_hidden_states": True}
+        if self.attention == "full":
+            # Nothing beyond padding is blocked: the plain (b, S) mask lets the encoder take the same
+            # attention path as for any other head (equal to the 4-D mask; tested).
+            attn = torch.cat([mask.new_ones(b, N_QUERIES), mask], 1)
+        else:
+            attn = query_attention_mask(mask, self.attention, embeds.dtype)
+        kwargs = {"inputs_embeds": embeds, "attention_mask": attn,
+                  "output_hidden_states": self.query_pooling != "last"}
         if inputs.positions:
             pos = batch.get("position_ids")
             if pos is None:
@@ -99,10 +105,10 @@ class DynamicQueryHead(AdditiveSpans, nn.Module):
     def encode(self, encoder, inputs, batch: dict) -> dict:
         """Run the encoder on [q_s, q_e, tokens]: token states (b, s, d) and final queries (b, 2, d)."""
         out = encoder(**self.encoder_kwargs(encoder, inputs, batch))
-        layers = torch.stack([h[:, :N_QUERIES] for h in out.hidden_states[1:]], 0)  # (L, b, 2, d), no embeddings
         if self.query_pooling == "last":
-            queries = layers[-1]  # Eq. 4
-        elif self.query_pooling == "mean":
+            return {"tokens": out.last_hidden_state[:, N_QUERIES:], "queries": out.last_hidden_state[:, :N_QUERIES]}  # Eq. 4
+        layers = torch.stack([h[:, :N_QUERIES] for h in out.hidden_states[1:]], 0)  # (L, b, 2, d), no embeddings
+        if self.query_pooling == "mean":
             queries = layers.mean(0)  # Eq. 5
         else:
             queries = layers.amax(0)  # Eq. 6

@@ -18,11 +18,18 @@ Options (`model.head_options`):
   one, pairs of B already in F pruned (F's probability is kept), the best probability wins.
 - `training` (§2.4-2.5): `sampled` (Eq. 8-12) — the top k-1 first positions other than the gold one
   plus the gold one; for each such row the top k-1 second positions other than the gold one plus
-  the gold one; L_second is the cross-entropy of ONE softmax over the flattened k x k block
-  (Eq. 12's row-wise flatten 𝒯), so only sampled entries get gradient (Fig. 5). `exact`: the same
-  loss over every candidate pair (the k x k block with k covering the sequence), for short inputs
-  and tests; rows are recomputed in the backward pass (checkpointing) to bound memory.
+  the gold one. `exact`: every candidate, for short inputs and tests.
   Loss: ½(L_first + L_second) (Eq. 10), averaged over directions for `both`.
+- `normalization` (Eq. 12): what L_second normalises over. The paper's text admits two readings:
+  - `row` (default; Eq. 12 as written): P̂ is "a part of the original P_e", i.e. Eq. 7's row-wise
+    probabilities, and the one-hot target picks L_second = -log P̂(ŝ, ê). Only the gold row
+    carries a loss term, so only it is computed; `sampled` normalises that row over its k sampled
+    columns (Fig. 5: unsampled entries keep their values), `exact` over the whole context. Training
+    and inference (Eq. 7, a softmax per row) then use the same normalisation.
+  - `block`: ONE softmax over the flattened k x k block (𝒯 read as flattening logits), so the other
+    sampled rows are negatives too; `exact` is then a softmax over every candidate pair (rows
+    recomputed in the backward pass to bound memory). Training and inference normalise differently.
+  Measured on SQuAD (BENCHMARKS.md, "MaP reproduction"): `block` trains far more slowly.
 - `k` (§2.4, the paper's 20): the sampling size.
 - `inference`: `topk` (the rows of the `inference_k` most probable first positions) or `exact`
   (every row). A row's softmax runs over the whole context (Eq. 7), so a row costs s·l whatever the
@@ -30,8 +37,6 @@ Options (`model.head_options`):
   the whole (b, s, s, l) tensor, are materialised.
 - `width`: l, the additive-attention width (default: the hidden size).
 
-Note the paper's normalisations differ between training (Eq. 12: one softmax over the sampled
-block) and inference (Eq. 7: a softmax per row); both are implemented as written.
 Scores are log-probabilities, so windows and directions compare directly.
 
 Shape legend: b batch, s sequence, d hidden, l width, r rows kept, c columns kept, L band width.
@@ -133,11 +138,26 @@ class Direction(nn.Module):
         return z.masked_fill(~mask[:, None, :], NEG).log_softmax(-1)
 
     def loss(self, d: dict, mask: torch.Tensor, gold_first: torch.Tensor, gold_second: torch.Tensor,
-             training: str, k: int) -> torch.Tensor:
+             training: str, k: int, normalization: str = "row") -> torch.Tensor:
         """½(L_first + L_second), Eq. 10-12."""
         first = d["first"]
         n, s = first.shape
-        if training == "exact":
+        if normalization == "row":
+            # Eq. 12 as written: P̂ holds Eq. 7's row-normalised probabilities, so the one-hot picks
+            # -log P̂(gold_first, gold_second); the other sampled rows carry no loss term and are not
+            # computed. Sampled: the row's softmax runs over its k sampled columns (Fig. 5: the
+            # unsampled entries do not change); exact: over every candidate of the gold row.
+            rows = gold_first[:, None]  # (b, 1)
+            if training == "exact":
+                z = upcast(self.pairs.rows(d["a"], d["hidden"], rows))  # (b, 1, s)
+                valid, target = mask[:, None, :], gold_second
+            else:
+                with torch.no_grad():
+                    z_row = self.pairs.rows(d["a"], d["hidden"], rows, mask)  # (b, 1, s), only to pick columns
+                cols, col_ok = _top_but_gold(upcast(z_row), mask[:, None, :], gold_second[:, None], k)  # (b, 1, c)
+                z = upcast(self.pairs.pairs(d["a"], d["hidden"], rows, cols))  # (b, 1, c), with gradient
+                valid, target = col_ok, torch.full_like(gold_first, cols.shape[2] - 1)  # gold: last column
+        elif training == "exact":
             rows = torch.arange(s, device=first.device).expand(n, s)
             z = upcast(self.pairs.rows(d["a"], d["hidden"], rows))  # (b, s, s)
             valid = mask[:, :, None] & mask[:, None, :]
@@ -174,7 +194,8 @@ class MatrixHead(nn.Module):
 
     def __init__(self, hidden_size: int, null_answer: bool = False, *, direction: str = "forward",
                  ensemble: bool | None = None, training: str = "sampled", k: int = 20,
-                 inference: str = "topk", inference_k: int = 20, width: int | None = None):
+                 inference: str = "topk", inference_k: int = 20, width: int | None = None,
+                 normalization: str = "row"):
         super().__init__()
         if direction not in self.DIRECTIONS:
             raise ConfigError(f"model.head_options.direction must be one of {list(self.DIRECTIONS)}, got {direction!r}")
@@ -186,6 +207,8 @@ class MatrixHead(nn.Module):
                               "(§2.6 defines it on span pairs); use ensemble: false")
         if training not in ("sampled", "exact"):
             raise ConfigError(f"model.head_options.training must be 'sampled' or 'exact', got {training!r}")
+        if normalization not in ("row", "block"):
+            raise ConfigError(f"model.head_options.normalization must be 'row' or 'block', got {normalization!r}")
         if inference not in ("topk", "exact"):
             raise ConfigError(f"model.head_options.inference must be 'topk' or 'exact', got {inference!r}")
         for key, value in (("k", k), ("inference_k", inference_k)):
@@ -194,7 +217,7 @@ class MatrixHead(nn.Module):
         width = check_width(width, hidden_size)
         self.null_answer = null_answer
         self.direction, self.ensemble = direction, bool(ensemble)
-        self.training_mode, self.k = training, k
+        self.training_mode, self.k, self.normalization = training, k, normalization
         self.inference, self.inference_k = inference, inference_k
         # ModuleDict keys cannot be "forward" (nn.Module.forward): fwd / bwd.
         self.directions = nn.ModuleDict({KEY[name]: Direction(hidden_size, width) for name in KEY
@@ -216,7 +239,8 @@ class MatrixHead(nn.Module):
         if targets is not None:
             gold = {"forward": (targets["start_positions"], targets["end_positions"]),
                     "backward": (targets["end_positions"], targets["start_positions"])}
-            losses = [self.dir(name).loss(out[name], mask, *gold[name], self.training_mode, self.k)
+            losses = [self.dir(name).loss(out[name], mask, *gold[name], self.training_mode, self.k,
+                                               self.normalization)
                       for name in self._trained()]
             out["loss"] = sum(losses) / len(losses)
         return out
