@@ -61,6 +61,9 @@ TRAINING = {
     "MaP_F sampled k=20": ("matrix", {"direction": "forward", "training": "sampled", "k": 20}),
     "MaP_E sampled k=20": ("matrix", {"direction": "both", "training": "sampled", "k": 20}),
     "MaP_F exact": ("matrix", {"direction": "forward", "training": "exact"}),
+    "MaP_F block sampled k=20": ("matrix", {"direction": "forward", "training": "sampled", "k": 20,
+                                            "normalization": "block"}),
+    "MaP_F block exact": ("matrix", {"direction": "forward", "training": "exact", "normalization": "block"}),
     "DyReF mean": ("dynamic_query", {"query_pooling": "mean"}),
 }
 

@@ -423,3 +423,13 @@ def test_benchmark_specs_expand(path):
         pytest.skip("not an experiment spec")
     exp = load_experiment(path)
     assert len(exp.runs) >= len(exp.methods)
+
+
+def test_one_run_shows_no_spread():
+    """A single seed has no standard deviation: the table says `(1 run)` rather than `± 0.00`."""
+    from posbias.analysis.report import comparison_table
+
+    row = {"dataset": None, "train_size": None, "eval_set": "test", "metric": "F1", "method": "m",
+           "mean": 67.5, "std": 0.0, "n_runs": 1, "wall_seconds": 60.0}
+    _, body = comparison_table([row, dict(row, std=0.5, n_runs=3)])
+    assert body[0][4] == "67.50 (1 run)" and body[1][4] == "67.50 ± 0.50"

@@ -16,6 +16,11 @@ def _fmt(x, digits=2) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def _mean_sd(mean, std, n_runs: int) -> str:
+    """'mean ± std', or the mean alone (and `(1 run)`) where one run gives no spread."""
+    return f"{_fmt(mean)} ± {_fmt(std)}" if n_runs > 1 else f"{_fmt(mean)} (1 run)"
+
+
 def _p(x) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
@@ -52,7 +57,7 @@ def comparison_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             d = _fmt(r["ttest"]["diff"])
             d = ("+" if r["ttest"]["diff"] > 0 else "") + d
             delta = f"**{d}**" if significant(r) else d
-        body.append([_scope(r), r["eval_set"], r["metric"], r["method"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}",
+        body.append([_scope(r), r["eval_set"], r["metric"], r["method"], _mean_sd(r["mean"], r["std"], r["n_runs"]),
                      delta, _p(r["ttest"]["p"]) if "ttest" in r else "", _boot(r), str(r["n_runs"]),
                      f"{r['wall_seconds'] / 60:.1f}"])
     return head, body
@@ -68,7 +73,7 @@ def segment_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             d = ("+" if r["ttest"]["diff"] > 0 else "") + _fmt(r["ttest"]["diff"])
             delta = f"**{d}**" if significant(r) else d
         body.append([_scope(r), r["eval_set"], r["segmenter"], r["segment"], str(r["n_questions"]), r["method"],
-                     f"{_fmt(r['f1_mean'])} ± {_fmt(r['f1_std'])}", f"{_fmt(r['em_mean'])} ± {_fmt(r['em_std'])}",
+                     _mean_sd(r["f1_mean"], r["f1_std"], r["n_runs"]), _mean_sd(r["em_mean"], r["em_std"], r["n_runs"]),
                      delta, _p(r["ttest"]["p"]) if "ttest" in r else "", _boot(r)])
     return head, body
 
