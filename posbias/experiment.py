@@ -457,7 +457,6 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
         raise ConfigError(f"{src_dir} holds no experiment.sqlite (run `posbias experiment run` first)")
     if src_dir.resolve() == dest_dir.resolve():
         raise ConfigError(f"experiment copy: source and destination are the same folder ({src_dir})")
-    tables = {"segments": "run", "question_scores": "run", "curves": "run"}
     dest_dir.mkdir(parents=True, exist_ok=True)
     with closing(sqlite3.connect(":memory:")) as work:
         dest_db = dest_dir / "experiment.sqlite"
@@ -482,9 +481,9 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
                 for row in finished:
                     work.execute("DELETE FROM runs WHERE name = ?", (row[0],))
                     work.execute(f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", row)
-                    for table, key in tables.items():
-                        work.execute(f"DELETE FROM {table} WHERE {key} = ?", (row[0],))
-                        rows = src.execute(f"SELECT * FROM {table} WHERE {key} = ?", (row[0],)).fetchall()
+                    for table in ("segments", "question_scores", "curves"):
+                        work.execute(f"DELETE FROM {table} WHERE run = ?", (row[0],))
+                        rows = src.execute(f"SELECT * FROM {table} WHERE run = ?", (row[0],)).fetchall()
                         if rows:
                             work.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
         tmp = dest_dir / "experiment.sqlite.tmp"

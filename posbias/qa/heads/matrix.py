@@ -147,23 +147,17 @@ class Direction(nn.Module):
             # -log P̂(gold_first, gold_second); the other sampled rows carry no loss term and are not
             # computed. Sampled: the row's softmax runs over its k sampled columns (Fig. 5: the
             # unsampled entries do not change); exact: over every candidate of the gold row.
-            rows = gold_first[:, None]  # (b, 1)
-            if training == "exact":
-                z = upcast(self.pairs.rows(d["a"], d["hidden"], rows))  # (b, 1, s)
-                valid, target = mask[:, None, :], gold_second
-            else:
-                with torch.no_grad():
-                    z_row = self.pairs.rows(d["a"], d["hidden"], rows, mask)  # (b, 1, s), only to pick columns
-                cols, col_ok = _top_but_gold(upcast(z_row), mask[:, None, :], gold_second[:, None], k)  # (b, 1, c)
-                z = upcast(self.pairs.pairs(d["a"], d["hidden"], rows, cols))  # (b, 1, c), with gradient
-                valid, target = col_ok, torch.full_like(gold_first, cols.shape[2] - 1)  # gold: last column
+            rows, row_ok = gold_first[:, None], torch.ones_like(gold_first[:, None], dtype=torch.bool)
         elif training == "exact":
-            rows = torch.arange(s, device=first.device).expand(n, s)
-            z = upcast(self.pairs.rows(d["a"], d["hidden"], rows))  # (b, s, s)
-            valid = mask[:, :, None] & mask[:, None, :]
-            target = gold_first * s + gold_second
+            rows, row_ok = torch.arange(s, device=first.device).expand(n, s), mask
         else:
             rows, row_ok = _top_but_gold(first, mask, gold_first, k)  # Eq. 8-9: (b, r)
+        if training == "exact":
+            z = upcast(self.pairs.rows(d["a"], d["hidden"], rows))  # (b, r, s)
+            valid = row_ok[:, :, None] & mask[:, None, :]
+            gold_row = 0 if normalization == "row" else gold_first  # rows: the gold one, or every position
+            target = gold_row * s + gold_second
+        else:
             with torch.no_grad():
                 z_rows = self.pairs.rows(d["a"], d["hidden"], rows, mask)  # (b, r, s), only to pick columns
             cols, col_ok = _top_but_gold(upcast(z_rows), mask[:, None, :].expand_as(z_rows),
