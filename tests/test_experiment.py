@@ -145,8 +145,11 @@ def test_interrupted_experiment_resumes_to_the_same_result(tmp_path):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))  # method order: the first is the baseline
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # SIGINT back to its default in the child: a test suite started in the background from a
+    # non-interactive shell (`make test &`) inherits SIGINT ignored, and the run would finish.
     proc = subprocess.Popen([str(BIN / "posbias"), "experiment", "run", str(path)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     state = tmp_path / "exp" / "runs" / "all_token_softmax" / "seed1" / "checkpoints" / "last" / "trainer_state.json"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:  # the second run is half-way through
