@@ -17,3 +17,6 @@ OUT=bench/out/dyref_data
     --sample 1000 --seed 13
 $PB experiment run $SPEC "$@"
 $PB experiment report "runs/experiments/$(basename $SPEC .yaml)"
+# Table 3: the mask variants against `mean` (full attention) at n = 512, in a report of their own.
+$PB experiment report "runs/experiments/$(basename $SPEC .yaml)" --only 'n512/mean/*' 'n512/mask_*' \
+    --baseline mean --output-dir "runs/experiments/$(basename $SPEC .yaml)/table3_n512_vs_mean"

@@ -163,11 +163,14 @@ def experiment_copy(src_dir, dest_dir, force: bool = False) -> dict:
     return copy_results(src_dir, dest_dir, force=force)
 
 
-def experiment_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
-    """Write report.md, report.html and plots/ for an experiment folder."""
+def experiment_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | None = None,
+                      baseline: str | None = None, output_dir=None) -> dict:
+    """Write report.md, report.html and plots/ for an experiment folder (into `output_dir`, default
+    the folder itself); `only` (run-name patterns) and `baseline` (a method) pick a sub-comparison."""
     from .analysis.report import write_report
 
-    return write_report(exp_dir, bootstrap_samples=bootstrap_samples)
+    return write_report(exp_dir, bootstrap_samples=bootstrap_samples, only=only, baseline=baseline,
+                        output_dir=output_dir)
 
 
 def experiment_spec_path(spec):

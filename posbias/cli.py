@@ -141,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     q = ex.add_parser("report", help="aggregate an experiment folder into report.md/.html + plots")
     q.add_argument("dir")
     q.add_argument("--bootstrap-samples", type=int, default=10_000)
+    q.add_argument("--only", nargs="+", metavar="PATTERN",
+                   help="report only these runs (shell patterns of run names, e.g. 'n512/*')")
+    q.add_argument("--baseline", metavar="METHOD", help="the method Δs are taken against (default: the spec's)")
+    q.add_argument("--output-dir", help="write the report here instead of into DIR (e.g. a sub-comparison)")
 
     p = sub.add_parser("data", help="data sets: train-short/test-long QA sets, tagging statistics")
     ds = p.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -240,7 +244,8 @@ def run(args) -> int:
         print(f"copied {len(res['copied'])} finished run(s) from {res['source']} to {res['destination']}"
               + (f" (replaced {len(res['replaced'])})" if res["replaced"] else ""))
     elif args.command == "experiment" and args.action == "report":
-        _print(api.experiment_report(args.dir, bootstrap_samples=args.bootstrap_samples))
+        _print(api.experiment_report(args.dir, bootstrap_samples=args.bootstrap_samples, only=args.only,
+                                     baseline=args.baseline, output_dir=args.output_dir))
     elif args.command == "data" and args.action == "stats":
         res = api.data_stats(args.data, args.output_dir, **_tagging_options(args))
         print(res["markdown"], end="")

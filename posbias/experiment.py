@@ -501,8 +501,10 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
 
 
 # -------------------------------------------------------------------------------------- aggregation
-def load_results(exp_dir) -> dict:
-    """Everything the report needs, read from `<exp_dir>/experiment.sqlite`."""
+def load_results(exp_dir, *, only: list[str] | None = None, baseline: str | None = None) -> dict:
+    """Everything the report needs, read from `<exp_dir>/experiment.sqlite`. `only`: shell patterns
+    of run names (e.g. 'n512/*') to keep; `baseline`: the method Δs are taken against (default: the
+    spec's `baseline`, else its first method)."""
     db = Path(exp_dir) / "experiment.sqlite"
     if not db.is_file():
         raise ConfigError(f"{exp_dir} holds no experiment.sqlite (run `posbias experiment run` first)")
@@ -515,8 +517,20 @@ def load_results(exp_dir) -> dict:
         questions = [dict(r) for r in conn.execute("SELECT * FROM question_scores")]
     for r in runs:
         r["metrics"] = json.loads(r["metrics_json"]) if r["metrics_json"] else {}
-    methods = list((spec.get("methods") or {}).keys()) or sorted({r["method"] for r in runs})
-    baseline = spec.get("baseline", methods[0] if methods else None)
+    if only:
+        runs = [r for r in runs if any(fnmatchcase(r["name"], p) for p in only)]
+        if not runs:
+            raise ConfigError(f"--only {' '.join(only)} matches none of the runs in {db}")
+        kept = {r["name"] for r in runs}
+        segments, curves, questions = ([row for row in rows if row["run"] in kept]
+                                       for rows in (segments, curves, questions))
+    present = {r["method"] for r in runs}
+    methods = [m for m in (spec.get("methods") or {}) if m in present] or sorted(present)
+    if baseline is None:
+        baseline = spec.get("baseline", next(iter(spec.get("methods") or {}), methods[0] if methods else None))
+    elif baseline not in present:
+        raise ConfigError(f"--baseline {baseline}: no runs of that method in {db}"
+                          + (f" matching --only {' '.join(only)}" if only else "") + f" (methods: {', '.join(methods)})")
     return {"name": spec.get("name", Path(exp_dir).name), "spec": spec, "runs": runs, "segments": segments,
             "curves": curves, "questions": questions, "methods": methods, "baseline": baseline}
 

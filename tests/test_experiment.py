@@ -124,6 +124,35 @@ def test_report_files(smoke):
     assert res["rows"] == 2 * 2 * 2  # 2 eval sets x 2 metrics x 2 methods
 
 
+def test_report_of_a_selection_against_another_baseline(smoke, tmp_path):
+    exp_dir = smoke[0]
+    full = {(r["eval_set"], r["metric"], r["method"]): r for r in aggregate(load_results(exp_dir), 500)}
+    out = tmp_path / "vs_all"
+    res = posbias.experiment_report(exp_dir, bootstrap_samples=500, baseline="all_token_softmax", output_dir=out)
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "(baseline **all_token_softmax**)" in md and res["report_md"] == str(out / "report.md")
+    rows = {(r["eval_set"], r["metric"], r["method"]): r for r in json.loads((out / "report.json").read_text())["rows"]}
+    for (ev, metric, method), r in rows.items():  # the same means; the Δ now taken the other way round
+        assert r["mean"] == pytest.approx(full[ev, metric, method]["mean"])
+        if method == "context_softmax":
+            assert r["ttest"]["diff"] == pytest.approx(-full[ev, metric, "all_token_softmax"]["ttest"]["diff"])
+        assert ("ttest" in r) == (method == "context_softmax")
+    assert (out / "plots" / "comparison_f1.png").is_file()
+
+    one_seed = load_results(exp_dir, only=["*/seed1"])
+    assert {r["name"] for r in one_seed["runs"]} == {"context_softmax/seed1", "all_token_softmax/seed1"}
+    assert {q["run"] for q in one_seed["questions"]} == {"context_softmax/seed1", "all_token_softmax/seed1"}
+    with pytest.raises(ConfigError, match="--only nope/\\* matches none"):
+        load_results(exp_dir, only=["nope/*"])
+    with pytest.raises(ConfigError, match="--baseline nope: no runs"):
+        load_results(exp_dir, baseline="nope")
+    r = subprocess.run([str(BIN / "posbias"), "experiment", "report", str(exp_dir), "--only", "*/seed2",
+                        "--baseline", "all_token_softmax", "--output-dir", str(tmp_path / "cli"),
+                        "--bootstrap-samples", "200"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Runs selected with --only */seed2." in (tmp_path / "cli" / "report.md").read_text(encoding="utf-8")
+
+
 def test_cli_dry_run_prints_commands(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(smoke_spec(tmp_path), sort_keys=False))

@@ -273,14 +273,18 @@ def plot_updates(results: dict, path: Path) -> Path | None:
 
 
 # ------------------------------------------------------------------------------------------ render
-def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
-    """Aggregate the experiment's store and write report.md, report.html and plots/*.png."""
+def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | None = None,
+                 baseline: str | None = None, output_dir=None) -> dict:
+    """Aggregate the experiment's store and write report.md, report.html and plots/*.png into
+    `output_dir` (default: the experiment folder). `only` (shell patterns of run names) and
+    `baseline` (a method) select a sub-comparison, e.g. mask variants against `mean` at one size."""
     from ..experiment import aggregate, aggregate_segments, load_results
     from ..tasks import get_task
     from ..utils import atomic_write_json, atomic_write_text
 
-    exp_dir = Path(exp_dir)
-    results = load_results(exp_dir)
+    results = load_results(exp_dir, only=only, baseline=baseline)
+    exp_dir = Path(output_dir or exp_dir)
+    exp_dir.mkdir(parents=True, exist_ok=True)
     rows = aggregate(results, bootstrap_samples=bootstrap_samples)
     seg_rows = aggregate_segments(results, bootstrap_samples=bootstrap_samples)
     # Task-specific analyses (QA: corrections vs boundaries, Random Padding paper §6.2).
@@ -308,7 +312,8 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000) -> dict:
     intro = [f"# Experiment `{results['name']}`", "",
              f"Runs: {len(runs)} ({', '.join(f'{v} {k}' for k, v in status.items())}); "
              f"methods: {', '.join(results['methods'])} (baseline **{results['baseline']}**); "
-             f"total wall time {wall / 60:.1f} min.", "",
+             f"total wall time {wall / 60:.1f} min."
+             + (f" Runs selected with --only {' '.join(only)}." if only else ""), "",
              "Each cell is the mean ± sample std over seeds. Δ is method − baseline, paired by seed "
              "(t-test over seeds) and by example (bootstrap over QA questions, scores averaged over seeds, "
              "or over tagging sentences, the corpus-level main metric recomputed on each resample; "
