@@ -19,4 +19,5 @@ $PB experiment run $SPEC "$@"
 $PB experiment report "runs/experiments/$(basename $SPEC .yaml)"
 # Table 3: the mask variants against `mean` (full attention) at n = 512, in a report of their own.
 $PB experiment report "runs/experiments/$(basename $SPEC .yaml)" --only 'n512/mean/*' 'n512/mask_*' \
-    --baseline mean --output-dir "runs/experiments/$(basename $SPEC .yaml)/table3_n512_vs_mean"
+    --baseline mean --output-dir "runs/experiments/$(basename $SPEC .yaml)/table3_n512_vs_mean" \
+    || echo "(no Table 3 report: no n = 512 runs of mean or the mask variants yet)"
