@@ -40,10 +40,7 @@ def _answer_tokens(offsets: np.ndarray, start: int, end: int) -> list[int]:
 
 def explain_attention(model_path, question: str, context: str, out_dir, answer: str | None = None) -> dict:
     """Write attention.png and attention.json to `out_dir`; returns what the JSON holds."""
-    from ..checkpoint import eval_config, load_checkpoint
-    from .collate import collate
-    from .evaluate import eval_features, predict_examples
-    from .examples import QAExample
+    from ..checkpoint import load_checkpoint
 
     if not question.strip() or not context.strip():
         raise ConfigError("question and context must be non-empty")
@@ -51,8 +48,30 @@ def explain_attention(model_path, question: str, context: str, out_dir, answer: 
     if model.head_name != "dynamic_query":
         raise ConfigError(f"{model_path}: head {model.head_name!r} has no queries to explain; "
                           "`explain attention` needs a dynamic_query (DyReF) checkpoint")
-    cfg = eval_config(mcfg, None)
     model.eval()
+    result = example_attention(model, tokenizer, mcfg, question, context, answer)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / "attention.png"
+    _plot(np.asarray(result["attention"]), result["tokens"], result["predicted_tokens"], result["gold_tokens"], png,
+          f"Q: {question}  |  predicted: {result['answer']!r}" + (f"  |  gold: {answer!r}" if answer else ""))
+    result = {**result, "attention": np.asarray(result["attention"]).round(6).tolist(), "plot": str(png)}
+    atomic_write_json(out / "attention.json", result, indent=None)
+    return result
+
+
+def example_attention(model, tokenizer, mcfg, question: str, context: str, answer: str | None = None,
+                      answer_start: int | None = None) -> dict:
+    """The queries' attention map for one example (the window holding the predicted answer):
+    {"tokens": ["[q_s]", "[q_e]", *window tokens], "attention": (2, 2 + N) array, "context_tokens",
+    "predicted_tokens", "gold_tokens" (column indices), "answer", "gold", "window", ...}. The gold
+    answer is found at `answer_start` (a character offset) or else at its first occurrence."""
+    from ..checkpoint import eval_config
+    from .collate import collate
+    from .evaluate import predict_examples
+    from .examples import QAExample
+
+    cfg = eval_config(mcfg, None)
     example = QAExample(id="q0", question=question, context=context)
     preds, nbest, _, feats, _ = predict_examples(model, tokenizer, cfg, [example], source="<command line>",
                                                  progress=False)
@@ -68,21 +87,16 @@ def explain_attention(model_path, question: str, context: str, out_dir, answer: 
     predicted = (list(range(best["token_start"], best["token_end"] + 1)) if best else [])
     gold = []
     if answer:
-        at = context.find(answer)
-        if at < 0:
-            raise ConfigError(f"--answer {answer!r} does not occur in the context")
+        at = context.find(answer) if answer_start is None else answer_start
+        if at < 0 or context[at: at + len(answer)] != answer:
+            raise ConfigError(f"--answer {answer!r} does not occur in the context"
+                              + (f" at character {answer_start}" if answer_start is not None else ""))
         gold = _answer_tokens(offsets, at, at + len(answer))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "attention.png"
-    _plot(att, tokens, [2 + i for i in predicted], [2 + i for i in gold], png,
-          f"Q: {question}  |  predicted: {preds['q0']!r}" + (f"  |  gold: {answer!r}" if answer else ""))
-    result = {"question": question, "answer": preds["q0"], "gold": answer, "window": int(window),
-              "tokens": tokens, "attention": att.round(6).tolist(), "predicted_tokens": [2 + i for i in predicted],
-              "gold_tokens": [2 + i for i in gold], "rows": ["start query", "end query"],
-              "reduction": "max over layers and heads", "plot": str(png)}
-    atomic_write_json(out / "attention.json", result, indent=None)
-    return result
+    return {"question": question, "answer": preds["q0"], "gold": answer, "window": int(window),
+            "tokens": tokens, "attention": att, "predicted_tokens": [2 + i for i in predicted],
+            "gold_tokens": [2 + i for i in gold], "context_tokens": [2 + i for i, (a, _) in
+                                                                     enumerate(offsets.tolist()) if a >= 0],
+            "rows": ["start query", "end query"], "reduction": "max over layers and heads"}
 
 
 def _plot(att: np.ndarray, tokens: list[str], predicted: list[int], gold: list[int], path: Path, title: str) -> None:

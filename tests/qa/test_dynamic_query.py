@@ -264,6 +264,19 @@ def test_explain_attention_writes_the_map(tmp_path):
     assert (att > 0).all() and (att <= 1).all()  # full attention: every query sees every position
     assert [res["tokens"][i] for i in res["gold_tokens"]] == ["on", "the", "des", "##k"]  # the tiny vocabulary
     assert res["answer"] in ctx and res["predicted_tokens"]
+    assert [res["tokens"][i] for i in res["context_tokens"]][:3] == ["the", "book", "is"]  # the context only
+    assert res["context_tokens"][-1] == n - 2  # ... up to the final [SEP]
+    from posbias.checkpoint import load_checkpoint
+    from posbias.qa.explain import example_attention
+
+    model, tok, mcfg = load_checkpoint(tmp_path / "run" / "best", task="qa")
+    model.eval()
+    ctx2 = "The pen is on the desk and the book is on the desk too."
+    first = example_attention(model, tok, mcfg, "Where is the book?", ctx2, "on the desk")
+    second = example_attention(model, tok, mcfg, "Where is the book?", ctx2, "on the desk", answer_start=ctx2.rindex("on the desk"))
+    assert first["gold_tokens"][0] < second["gold_tokens"][0]  # the gold span at the given offset
+    with pytest.raises(ConfigError, match="does not occur in the context at character 1"):
+        example_attention(model, tok, mcfg, "Where is the book?", ctx2, "on the desk", answer_start=1)
     png = (tmp_path / "ex" / "attention.png").read_bytes()
     assert png[:4] == b"\x89PNG" and json.loads((tmp_path / "ex" / "attention.json").read_text())["tokens"] == res["tokens"]
     r = run_cli("explain", "attention", "--model", str(tmp_path / "run" / "best"), "--question", "Where?",
