@@ -5,6 +5,7 @@ heads, as `posbias explain attention` draws it) is read over the context tokens 
 holds the predicted answer, and compared with the first gold answer's tokens:
   in-span hit   the query's most-attended context token lies inside the gold answer
   boundary hit  the start query's top token is the answer's first token (end query: its last)
+  near hit      the top token lies within 3 tokens of the answer span (or inside it)
   lift          mean attention on the answer tokens / mean attention on all context tokens
 Chance levels (|answer| / |context| and 1 / |context|) are printed beside each hit rate. Questions
 whose gold answer is not in that window are counted and skipped.
@@ -28,6 +29,8 @@ from posbias.qa.explain import example_attention  # noqa: E402
 from posbias.qa.readers import read_qa  # noqa: E402
 from posbias.utils import atomic_write_json  # noqa: E402
 
+NEAR = 3  # "near hit": the top token lies within this many tokens of the answer span
+
 
 def measure(model_path: str, examples, n: int) -> dict:
     model, tokenizer, mcfg = load_checkpoint(model_path, task="qa")
@@ -45,8 +48,10 @@ def measure(model_path: str, examples, n: int) -> dict:
         gold_cols = [ctx.index(g) for g in gold]
         for q, name, edge in ((0, "start", gold_cols[0]), (1, "end", gold_cols[-1])):
             top = int(np.argmax(att[q]))
-            rows[name].append({"in_span": top in gold_cols, "boundary": top == edge,
+            near = [c for c in range(len(ctx)) if gold_cols[0] - NEAR <= c <= gold_cols[-1] + NEAR]
+            rows[name].append({"in_span": top in gold_cols, "boundary": top == edge, "near": top in near,
                                "chance_span": len(gold_cols) / len(ctx), "chance_boundary": 1 / len(ctx),
+                               "chance_near": len(near) / len(ctx),
                                "lift": float(att[q, gold_cols].mean() / att[q].mean())})
     out = {"model": model_path, "questions": n, "skipped_gold_outside_window": skipped}
     for name, rs in rows.items():
@@ -65,13 +70,15 @@ def main() -> None:
     examples = [ex for ex in read_qa(args.data).examples if ex.answers]
     results = [measure(m, examples, args.n) for m in args.model]
     atomic_write_json(args.out, {"data": args.data, "results": results})
-    print("| model | query | in-span hit (chance) | boundary hit (chance) | lift mean / median | skipped |")
-    print("|---|---|---|---|---|---|")
+    print("| model | query | in-span hit (chance) | boundary hit (chance) | near hit (chance) | lift mean / median "
+          "| skipped |")
+    print("|---|---|---|---|---|---|---|")
     for res in results:
         for q in ("start", "end"):
             r = res[q]
             print(f"| {res['model']} | {q} | {100 * r['in_span']:.1f}% ({100 * r['chance_span']:.1f}%) | "
                   f"{100 * r['boundary']:.1f}% ({100 * r['chance_boundary']:.1f}%) | "
+                  f"{100 * r['near']:.1f}% ({100 * r['chance_near']:.1f}%) | "
                   f"{r['lift']:.2f} / {r['lift_median']:.2f} | {res['skipped_gold_outside_window']} |")
 
 
