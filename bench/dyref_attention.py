@@ -16,7 +16,6 @@ whose gold answer is not in that window are counted and skipped.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -46,9 +45,9 @@ def measure(model_path: str, examples, n: int) -> dict:
             continue
         att = r["attention"][:, ctx]  # (2, C)
         gold_cols = [ctx.index(g) for g in gold]
+        near = range(max(0, gold_cols[0] - NEAR), min(len(ctx), gold_cols[-1] + NEAR + 1))
         for q, name, edge in ((0, "start", gold_cols[0]), (1, "end", gold_cols[-1])):
             top = int(np.argmax(att[q]))
-            near = [c for c in range(len(ctx)) if gold_cols[0] - NEAR <= c <= gold_cols[-1] + NEAR]
             rows[name].append({"in_span": top in gold_cols, "boundary": top == edge, "near": top in near,
                                "chance_span": len(gold_cols) / len(ctx), "chance_boundary": 1 / len(ctx),
                                "chance_near": len(near) / len(ctx),

@@ -53,9 +53,9 @@ def explain_attention(model_path, question: str, context: str, out_dir, answer: 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     png = out / "attention.png"
-    _plot(np.asarray(result["attention"]), result["tokens"], result["predicted_tokens"], result["gold_tokens"], png,
+    _plot(result["attention"], result["tokens"], result["predicted_tokens"], result["gold_tokens"], png,
           f"Q: {question}  |  predicted: {result['answer']!r}" + (f"  |  gold: {answer!r}" if answer else ""))
-    result = {**result, "attention": np.asarray(result["attention"]).round(6).tolist(), "plot": str(png)}
+    result = {**result, "attention": result["attention"].round(6).tolist(), "plot": str(png)}
     atomic_write_json(out / "attention.json", result, indent=None)
     return result
 
@@ -94,8 +94,8 @@ def example_attention(model, tokenizer, mcfg, question: str, context: str, answe
         gold = _answer_tokens(offsets, at, at + len(answer))
     return {"question": question, "answer": preds["q0"], "gold": answer, "window": int(window),
             "tokens": tokens, "attention": att, "predicted_tokens": [2 + i for i in predicted],
-            "gold_tokens": [2 + i for i in gold], "context_tokens": [2 + i for i, (a, _) in
-                                                                     enumerate(offsets.tolist()) if a >= 0],
+            "gold_tokens": [2 + i for i in gold],
+            "context_tokens": [2 + i for i, (a, _) in enumerate(offsets.tolist()) if a >= 0],
             "rows": ["start query", "end query"], "reduction": "max over layers and heads"}
 
 

@@ -273,7 +273,8 @@ def test_explain_attention_writes_the_map(tmp_path):
     model.eval()
     ctx2 = "The pen is on the desk and the book is on the desk too."
     first = example_attention(model, tok, mcfg, "Where is the book?", ctx2, "on the desk")
-    second = example_attention(model, tok, mcfg, "Where is the book?", ctx2, "on the desk", answer_start=ctx2.rindex("on the desk"))
+    second = example_attention(model, tok, mcfg, "Where is the book?", ctx2, "on the desk",
+                               answer_start=ctx2.rindex("on the desk"))
     assert first["gold_tokens"][0] < second["gold_tokens"][0]  # the gold span at the given offset
     with pytest.raises(ConfigError, match="does not occur in the context at character 1"):
         example_attention(model, tok, mcfg, "Where is the book?", ctx2, "on the desk", answer_start=1)
