@@ -595,7 +595,9 @@ def aggregate(results: dict, bootstrap_samples: int = 10_000) -> list[dict]:
                        "wall_seconds": sum(r["wall_seconds"] or 0 for r in rs), "seeds": sorted(vals)}
                 if method != base and base in by_method:
                     bvals = {r["seed"]: metric_value(r["metrics"][eval_set], metric) for r in by_method[base]}
-                    row["ttest"] = paired_ttest(vals, {s: v for s, v in bvals.items() if v is not None})
+                    bvals = {s: v for s, v in bvals.items() if v is not None}
+                    row["ttest"] = paired_ttest(vals, bvals)
+                    row["baseline_n_runs"] = len(bvals)
                     seeds = sorted(set(vals) & set(bvals))
                     mq = [per_q.get((_run_of_seed(rs, s), eval_set), {}) for s in seeds]
                     bq = [per_q.get((_run_of_seed(by_method[base], s), eval_set), {}) for s in seeds]
@@ -695,6 +697,7 @@ def aggregate_segments(results: dict, bootstrap_samples: int = 10_000) -> list[d
                        f1_mean=mean, f1_std=std, em_mean=em_mean, em_std=em_std)
             if method != base and base in by_method:
                 row["ttest"] = paired_ttest(f1, {k: v["f1"] for k, v in by_method[base].items()})
+                row["baseline_n_runs"] = len(by_method[base])
                 boot = _segment_bootstrap(key, method, by_method, base, labels, per_q, bootstrap_samples)
                 if boot is not None:
                     row["bootstrap"] = boot

@@ -465,3 +465,17 @@ def test_one_run_shows_no_spread():
            "mean": 67.5, "std": 0.0, "n_runs": 1, "wall_seconds": 60.0}
     _, body = comparison_table([row, dict(row, std=0.5, n_runs=3)])
     assert body[0][4] == "67.50 (1 run)" and body[1][4] == "67.50 ± 0.50"
+
+
+def test_delta_over_fewer_seeds_than_the_means_is_marked():
+    """A method run on 3 seeds against a baseline run on 5: the Δ (paired over the 3 common seeds)
+    is not the difference of the two means shown, so the table says over how many seeds it is."""
+    from posbias.analysis.report import comparison_table
+
+    row = {"dataset": None, "train_size": None, "eval_set": "val", "metric": "F1", "method": "m",
+           "mean": 40.0, "std": 1.0, "n_runs": 3, "wall_seconds": 60.0,
+           "ttest": {"n": 3, "diff": -1.41, "t": -0.8, "p": 0.49}}
+    _, body = comparison_table([dict(row, baseline_n_runs=5), dict(row, baseline_n_runs=3),
+                                dict(row, n_runs=5, baseline_n_runs=5, ttest=dict(row["ttest"], n=5))])
+    assert body[0][5] == "-1.41 (3 paired seeds)"
+    assert body[1][5] == "-1.41" and body[2][5] == "-1.41"

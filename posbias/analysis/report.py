@@ -47,6 +47,15 @@ def _boot(row) -> str:
     return f"{_p(b['p'])} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]" if b else ""
 
 
+def _pairs_note(row) -> str:
+    """' (3 paired seeds)' when the Δ covers fewer seeds than a mean beside it (the method and the
+    baseline were run on different seeds), else ''."""
+    pairs = row["ttest"].get("n")
+    if pairs is None or pairs == max(row["n_runs"], row.get("baseline_n_runs", row["n_runs"])):
+        return ""
+    return f" ({pairs} paired seeds)"
+
+
 def comparison_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     head = ["data", "eval set", "metric", "method", "mean ± std", "Δ vs baseline", "t-test p (seeds)",
             "bootstrap p [95% CI] (examples)", "runs", "wall min"]
@@ -56,7 +65,7 @@ def comparison_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
         if "ttest" in r:
             d = _fmt(r["ttest"]["diff"])
             d = ("+" if r["ttest"]["diff"] > 0 else "") + d
-            delta = f"**{d}**" if significant(r) else d
+            delta = (f"**{d}**" if significant(r) else d) + _pairs_note(r)
         body.append([_scope(r), r["eval_set"], r["metric"], r["method"], _mean_sd(r["mean"], r["std"], r["n_runs"]),
                      delta, _p(r["ttest"]["p"]) if "ttest" in r else "", _boot(r), str(r["n_runs"]),
                      f"{r['wall_seconds'] / 60:.1f}"])
@@ -71,7 +80,7 @@ def segment_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
         delta = ""
         if "ttest" in r:
             d = ("+" if r["ttest"]["diff"] > 0 else "") + _fmt(r["ttest"]["diff"])
-            delta = f"**{d}**" if significant(r) else d
+            delta = (f"**{d}**" if significant(r) else d) + _pairs_note(r)
         body.append([_scope(r), r["eval_set"], r["segmenter"], r["segment"], str(r["n_questions"]), r["method"],
                      _mean_sd(r["f1_mean"], r["f1_std"], r["n_runs"]), _mean_sd(r["em_mean"], r["em_std"], r["n_runs"]),
                      delta, _p(r["ttest"]["p"]) if "ttest" in r else "", _boot(r)])
@@ -314,7 +323,8 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
              f"methods: {', '.join(results['methods'])} (baseline **{results['baseline']}**); "
              f"total wall time {wall / 60:.1f} min."
              + (f" Runs selected with --only {' '.join(only)}." if only else ""), "",
-             "Each cell is the mean ± sample std over seeds. Δ is method − baseline, paired by seed "
+             "Each cell is the mean ± sample std over seeds. Δ is method − baseline over the seeds both "
+             "have (marked when that is fewer than a mean covers), paired by seed "
              "(t-test over seeds) and by example (bootstrap over QA questions, scores averaged over seeds, "
              "or over tagging sentences, the corpus-level main metric recomputed on each resample; "
              "10,000 resamples). A Δ is bold only when both p-values are below 0.05. "
