@@ -18,10 +18,11 @@ from .errors import ConfigError
 
 RELATIVE_KINDS = ("relative_key", "relative_key_query")
 SUPPORTED_MODELS = "BERT-style encoders with absolute position embeddings (bert, roberta, electra, ernie)"
-# The call transformers 5.23's BertAttention makes: self.self(hidden_states, attention_mask=...,
-# past_key_values=..., encoder_hidden_states=..., **kwargs). A self-attention module whose forward
-# takes anything else positionally (RoFormer's sinusoidal_pos, MPNet's position_bias) is not ours.
-_BERT_CALL = ("hidden_states", "attention_mask", "past_key_values")
+# The call transformers 5.x's BertAttention makes: self.self(hidden_states, attention_mask=...,
+# past_key_values=... (5.24 renamed it cache=...), encoder_hidden_states=..., **kwargs). A
+# self-attention module whose forward takes anything else positionally (RoFormer's sinusoidal_pos,
+# MPNet's position_bias) is not ours.
+_BERT_CALL = ("hidden_states", "attention_mask", "past_key_values", "cache")
 
 
 def relative_kind(config) -> str | None:
@@ -112,12 +113,12 @@ class RelativePositionSelfAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 past_key_values=None, encoder_hidden_states: torch.Tensor | None = None,
-                **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+                cache=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """(b, l, h*d) attention output and (b, h, l, r) attention probabilities (after dropout)."""
         if encoder_hidden_states is not None:
             raise ValueError("relative position attention is self-attention only: cross-attention "
                              "(encoder_hidden_states) is not supported")
-        if past_key_values is not None:
+        if past_key_values is not None or cache is not None:
             raise ValueError("relative position attention is encoder-only: key/value caches are not "
                              "supported (pass use_cache=False)")
         input_shape = hidden_states.shape[:-1]

@@ -329,3 +329,5 @@ def test_cross_attention_and_caches_are_refused():
         attn(x, encoder_hidden_states=x)
     with pytest.raises(ValueError, match="caches"):
         attn(x, past_key_values=object())
+    with pytest.raises(ValueError, match="caches"):
+        attn(x, cache=object())  # transformers >= 5.24's name for it
