@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DyReF few-shot reproduction with MiniLM on SQuAD v1.1 from ../shared/data.
 # Run from the repository root:  bash bench/dyref_fewshot.sh [--only PATTERN ...]
-# (spec: bench/dyref_fewshot.yaml: Table 2, and Table 3's mask variants at n = 512; 46 runs: 5 seeds for n = 512 vanilla, mean and the mask variants)
+# (spec: bench/dyref_fewshot.yaml: Table 2, and Table 3's mask variants at n = 512; 48 runs: 5 seeds for every method at n = 512, 3 at n = 128 and 1,024)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPEC=bench/dyref_fewshot.yaml
