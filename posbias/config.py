@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,9 +124,12 @@ def _check_type(value, tp, key):
         return float(value)
     if tp is float and isinstance(value, str):
         try:
-            return float(value)  # YAML reads 2e-4 as a string
+            value = float(value)  # YAML reads 2e-4 as a string
         except ValueError:
             pass
+    if tp is float and isinstance(value, float) and not math.isfinite(value):
+        # .nan / .inf would run to the end and save a NaN model (or never end): no key takes them.
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
     base = origin or tp
     if base in (int, float, str, bool, dict, list):
         if isinstance(value, bool) and base is not bool:
@@ -177,7 +181,13 @@ def parse_overrides(items: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
         k, v = item.split("=", 1)
-        _set_dotted(out, k.strip(), yaml.safe_load(v) if v.strip() else None)
+        try:
+            value = yaml.safe_load(v) if v.strip() else None
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({problem}); quote it, "
+                              f"e.g. {k.strip()}='\"...\"'") from None
+        _set_dotted(out, k.strip(), value)
     return out
 
 
@@ -197,8 +207,12 @@ def load_yaml(path) -> dict:
         raise ConfigError(f"config file {path} does not exist")
     try:
         d = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save the config as UTF-8") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read: {e.strerror or e}") from None
     if not isinstance(d, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return d
@@ -282,6 +296,16 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.warmup_ratio must be in [0, 1), got {t.warmup_ratio}")
     if t.lr <= 0:
         raise ConfigError(f"train.lr must be > 0, got {t.lr}")
+    # Negative clipping norms and decay turn descent into ascent without any error from torch.
+    for key, v in [("train.weight_decay", t.weight_decay), ("train.max_grad_norm", t.max_grad_norm)]:
+        if v < 0:
+            raise ConfigError(f"{key} must be >= 0, got {v}")
+    if not 0 <= t.seed < 2**32:  # NumPy's and Python's seeding range
+        raise ConfigError(f"train.seed must be in [0, 2**32), got {t.seed}")
+    for key, v in [("train.eval_every", t.eval_every), ("train.save_every", t.save_every),
+                   ("train.num_threads", t.num_threads)]:
+        if v is not None and v < 1:
+            raise ConfigError(f"{key} must be >= 1 (or null), got {v}")
     cfg.validate()
     _perturb.build_perturbations(cfg.perturb, cfg)  # each factory checks its options; `mode` is checked there
 

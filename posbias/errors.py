@@ -20,3 +20,8 @@ class DataError(PosbiasError, ValueError):
 
 class RunError(PosbiasError, RuntimeError):
     """A run launched as a subprocess failed (its own output says why)."""
+
+
+class TrainingError(PosbiasError, RuntimeError):
+    """Training cannot go on (e.g. the loss became NaN/inf); the message names the step and the
+    last good checkpoint."""

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import random
 import shutil
 import time
@@ -58,12 +59,13 @@ from tqdm.auto import tqdm
 
 from .analysis.updates import PositionUpdateCounter
 from .batching import batch_order, move
-from .checkpoint import save_checkpoint
+from .checkpoint import MODEL_META, save_checkpoint
 from .config import RunConfig, load_config, save_config
-from .errors import ConfigError
+from .errors import ConfigError, TrainingError
 from .perturb import perturbations_by_mode, training_passes
 from .tasks import get_task
-from .utils import atomic_write_json, atomic_write_text, now_iso, replace_dir, set_seed, versions
+from .train_state import load_state, save_state
+from .utils import atomic_write_json, atomic_write_text, now_iso, recover_dir, replace_dir, set_seed, versions
 
 # Keys that may change when a run is resumed (extending or re-scheduling it); anything else must
 # equal the checkpoint's config, or the resumed run would silently be a different experiment.
@@ -100,6 +102,19 @@ def _check_resume(cfg: RunConfig, ckpt: Path) -> None:
             raise ConfigError(f"cannot resume from {ckpt}: {section} changed ({a!r} -> {b!r})")
 
 
+def _check_output_dir(out: Path, key: str) -> None:
+    """An output folder that can be created and written, named by its key when it cannot."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{key} {out} is an existing file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".posbias-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{key} {out} cannot be written: {e.strerror or e}") from None
+
+
 class _Schedule:
     """Which global batches each optimizer step consumes on this process."""
 
@@ -132,10 +147,22 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
 
     t, d = cfg.train, cfg.data
     out = Path(t.output_dir)
+    _check_output_dir(out, "train.output_dir")
     last_dir = out / "checkpoints" / "last"
+    # A crash between the two renames of a save leaves `last` (or `best`, `eval`) missing beside a
+    # complete `.tmp` or `.old` copy: put it back before deciding whether there is a run to resume.
+    recover_dir(last_dir, "trainer_state.json")
+    recover_dir(out / "best", MODEL_META)
+    recover_dir(out / "eval", "metrics.json")
+    if resume is not None and resume != "auto":
+        recover_dir(Path(resume), "trainer_state.json")
+    asked = resume
     if resume == "auto":
         resume = str(last_dir) if (last_dir / "trainer_state.json").is_file() else None
     if resume is None and (last_dir.exists() or (out / "best").exists()) and not overwrite:
+        if asked == "auto":
+            raise ConfigError(f"--resume: train.output_dir {out} holds a run but no complete checkpoint in "
+                              f"{last_dir} to resume from; pass --overwrite to start again")
         raise ConfigError(f"train.output_dir {out} already holds a run: pass --resume to continue it, "
                           "--overwrite to start again, or choose another train.output_dir")
     if resume is not None:
@@ -196,8 +223,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         from safetensors.torch import load_file
 
         raw_model.load_state_dict(load_file(str(Path(resume) / "model.safetensors")))
-        # Our own file (optimizer tensors + RNG states, which need pickle): trusted.
-        extra = torch.load(Path(resume) / "training_state.pt", weights_only=False)
+        extra = load_state(resume)  # safetensors + JSON: loading a shared checkpoint runs no code
         optimizer.load_state_dict(extra["optimizer"])
         scheduler.load_state_dict(extra["scheduler"])
         rng = extra["rng"][acc.process_index]
@@ -251,6 +277,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
                                   {"seed": t.seed, "epoch": epoch, "batches": ids,
                                    "windows": [b.tolist() for b in epoch_batches]}, indent=None)
         t_step = time.perf_counter()
+        bad_loss = None
         micro = sched.micro_batches(local, acc.process_index)
         gen = torch.Generator().manual_seed(t.seed * 1_000_003 + step)
         for j, bi in enumerate(micro):
@@ -268,9 +295,18 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
             with ctx:
                 loss = passes_loss(model, passes, task.targets)
                 acc.backward(loss / len(micro))
-            window["loss"] += loss.item()
+            value = loss.item()
+            if not math.isfinite(value):
+                bad_loss = value
+            window["loss"] += value
             window["n"] += 1
             window["examples"] += len(epoch_batches[bi])
+        # A NaN/inf loss (on any process) stops the run before the step reaches the weights.
+        diverged = torch.tensor(float(bad_loss is not None), device=acc.device)
+        if acc.num_processes > 1:
+            diverged = acc.reduce(diverged, reduction="sum")
+        if diverged.item():
+            _diverged(out, run_info, main, step + 1, bad_loss, last_dir)
         if t.max_grad_norm:
             acc.clip_grad_norm_(model.parameters(), t.max_grad_norm)
         optimizer.step()
@@ -342,6 +378,22 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     return summary
 
 
+def _diverged(out: Path, run_info: dict, main: bool, step: int, value, last_dir: Path) -> None:
+    """Stop a run whose loss became NaN/inf at `step`, naming the last good checkpoint."""
+    if (last_dir / "trainer_state.json").is_file():
+        done = json.loads((last_dir / "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
+        where = f"the last good checkpoint is {last_dir} (step {done})"
+    else:
+        where = "no checkpoint was saved before it"
+    what = f"the training loss is {value}" if value is not None else "the training loss of another process is not finite"
+    message = (f"{out}: {what} at step {step}; stopped, nothing of that step was saved, {where}. "
+               "Lower train.lr, set train.max_grad_norm, or check the data")
+    if main:
+        run_info.update(status="failed", finished=now_iso(), error=message)
+        atomic_write_json(out / "run_info.json", run_info)
+    raise TrainingError(message)
+
+
 def passes_loss(model, passes: list[dict], targets) -> torch.Tensor:
     """The micro-batch's loss: the sum of the model's losses over its passes (one pass without
     augment perturbations; with them, L(batch) + L(p(batch)) for each, the authors' summed step).
@@ -380,8 +432,7 @@ def _save_last(acc, raw_model, optimizer, scheduler, cfg, tokenizer, state, last
         tmp = last_dir.with_name("last.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         save_checkpoint(raw_model, cfg, tokenizer, tmp, extra={"step": state["global_step"]})
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rngs},
-                   tmp / "training_state.pt")
+        save_state({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rngs}, tmp)
         # trainer_state.json last: its presence marks a complete checkpoint.
         atomic_write_json(tmp / "trainer_state.json", state)
         replace_dir(tmp, last_dir)

@@ -51,6 +51,28 @@ def replace_dir(tmp_dir: Path, final_dir: Path) -> None:
         shutil.rmtree(old)
 
 
+def recover_dir(final_dir, marker: str) -> bool:
+    """Finish a `replace_dir(<final>.tmp, final_dir)` that a crash interrupted between its renames.
+
+    With `final_dir` gone, the newest complete copy takes its place: `<final>.tmp` (fully written:
+    it holds `marker`, the file written last) before `<final>.old` (the previous version). Returns
+    whether `final_dir` now holds `marker`. Safe when several processes of one run call it at once.
+    """
+    final_dir = Path(final_dir)
+    if not final_dir.exists():
+        for candidate in (final_dir.with_name(final_dir.name + ".tmp"), final_dir.with_name(final_dir.name + ".old")):
+            if (candidate / marker).is_file():
+                try:
+                    os.replace(candidate, final_dir)
+                except OSError:  # another process of the run moved it first
+                    pass
+                break
+    old = final_dir.with_name(final_dir.name + ".old")
+    if (final_dir / marker).is_file() and old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+    return (final_dir / marker).is_file()
+
+
 def set_seed(seed: int) -> None:
     import torch
 

@@ -15,6 +15,7 @@ stray I-) always raises, since no single sentence is to blame; declaring the sch
 """
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -77,7 +78,9 @@ def read_conll(path, *, word_column: int = 0, tag_column: int | None = -1, schem
     if tag_column is not None and (word_column < 0) == (tag_column < 0) and word_column == tag_column:
         raise ValueError(f"word_column and tag_column are the same column ({word_column})")
     path = str(path)
-    sentences = _split(read_text(path), word_column, docstart)
+    text = read_text(path)
+    sentences = _split(text, word_column, docstart)
+    _check_is_conll(path, text, sentences)
     width = _usual_width(sentences)
     bad: list[tuple[int, str, str]] = []  # (first line, record, reason) of each dropped sentence
 
@@ -139,6 +142,37 @@ def _split(text: str, word_column: int, docstart: bool) -> list[_Sentence]:
     if current is not None:
         sentences.append(current)
     return sentences
+
+
+# CoNLL-U, the widest layout read here, has 10 columns; a lone line with more is prose or JSON.
+_MAX_LONE_LINE_COLUMNS = 10
+
+
+def _check_is_conll(path, text: str, sentences: list[_Sentence]) -> None:
+    """Refuse input that is not a CoNLL column file (one word per line) instead of reading its
+    first "word" and last "tag": JSON or JSON lines (a QA file given as tagging data), a single line
+    of many columns (a sentence of prose), or a file without any sentence."""
+    if not sentences:
+        raise DataError(path, None, "no sentences in the file (it is empty or holds only blank and "
+                                    f"{DOCSTART} lines)")
+    first = sentences[0].lines[0]
+    head = text.split("\n", first)[first - 1].strip()
+    if head[:1] in "{[":
+        if _parses_as_json(head) or _parses_as_json(text):  # JSON lines, or a JSON document
+            raise DataError(path, f"line {first}", "this is JSON (e.g. a SQuAD or MRQA file), not a CoNLL "
+                                                   "column file with one word and its tag per line")
+    rows = [cols for s in sentences for cols in s.rows]
+    if len(rows) == 1 and len(rows[0]) > _MAX_LONE_LINE_COLUMNS:
+        raise DataError(path, f"line {first}", f"the file's only line holds {len(rows[0])} columns: a CoNLL file "
+                                               "has one word per line, with its tag in a column beside it")
+
+
+def _parses_as_json(text: str) -> bool:
+    try:
+        json.loads(text)  # fails at once on a CoNLL line such as "{ O"
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _usual_width(sentences: list[_Sentence]) -> int | None:

@@ -44,6 +44,8 @@ def read_conllu(path, *, tag: str = "upos", on_bad_record: str = "error") -> Tag
             if on_bad_record == "error":
                 raise
             skipped.append((str(e.record), e.reason))
+    if not examples and not skipped:
+        raise DataError(path, None, "no sentences in the file (it is empty or holds only comments)")
     return TaggingDataset(path, "conllu", "none", examples, skipped)
 
 

@@ -31,7 +31,7 @@ def test_train_writes_its_files(trained):
     run, summary = trained
     for f in ["config.yaml", "run_info.json", "train_log.jsonl", "eval_log.jsonl", "data_order/epoch-0.json",
               "position_updates.json", "best/model.safetensors", "best/posbias.yaml", "best/posbias_model.json",
-              "best/tokenizer.json", "best/config.json", "checkpoints/last/training_state.pt",
+              "best/tokenizer.json", "best/config.json", "checkpoints/last/training_state.safetensors",
               "eval/predictions.conll", "eval/metrics.json"]:
         assert (run / f).is_file(), f
     info = json.loads((run / "run_info.json").read_text(encoding="utf-8"))
