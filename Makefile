@@ -6,11 +6,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-fast bench clean
 
-$(STAMP): pyproject.toml
+# Exact versions from constraints.txt (pyproject.toml only declares the supported ranges); its
+# torch==2.13.0 is the CPU build on this project's machines, not a multi-GB CUDA one.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch==2.13.0 is pinned in pyproject.toml: pip takes the CPU build on disk, not a CUDA one.
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,demo]"
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -25,6 +25,36 @@ SUPPORTED_MODELS = "BERT-style encoders with absolute position embeddings (bert,
 _BERT_CALL = ("hidden_states", "attention_mask", "past_key_values", "cache")
 
 
+# The transformers releases the relative-position tests have passed on (README, "Compatibility").
+# Swapping BertSelfAttention depends on how BertAttention calls it, which minor releases have
+# changed (5.24 renamed past_key_values to cache), so a release outside this range is refused when
+# relative attention is used, not when posbias is installed.
+TESTED_TRANSFORMERS = ("5.0", "5.24")
+ALLOW_UNTESTED = "POSBIAS_ALLOW_UNTESTED_TRANSFORMERS"
+
+
+def check_transformers_version(key: str, installed: str | None = None) -> None:
+    """Refuse, in one line naming `key`, a transformers release outside `TESTED_TRANSFORMERS`
+    (unless the environment sets POSBIAS_ALLOW_UNTESTED_TRANSFORMERS=1)."""
+    import os
+
+    from packaging.version import Version
+
+    if installed is None:
+        import transformers
+
+        installed = transformers.__version__
+    low, high = TESTED_TRANSFORMERS
+    v = Version(installed)
+    if Version(low) <= v and (v.major, v.minor) <= Version(high).release[:2]:
+        return
+    if os.environ.get(ALLOW_UNTESTED) == "1":
+        return
+    raise ConfigError(f"{key}: relative position attention replaces BERT's attention modules and has been "
+                      f"tested with transformers {low} to {high}.x; the installed transformers is {installed}. "
+                      f"Run posbias's tests on it, then set {ALLOW_UNTESTED}=1 to use it")
+
+
 def relative_kind(config) -> str | None:
     """`"relative_key"` or `"relative_key_query"` when the config asks for one, else None."""
     kind = getattr(config, "position_embedding_type", None)
@@ -203,6 +233,7 @@ def apply_relative_positions(encoder: nn.Module, kind: str, key: str) -> None:
     """
     config = encoder.config
     model_type = getattr(config, "model_type", type(encoder).__name__)
+    check_transformers_version(key)
     if kind not in RELATIVE_KINDS:
         raise ConfigError(f"{key}: unknown relative position type {kind!r}; expected one of "
                           f"{', '.join(RELATIVE_KINDS)} (for {SUPPORTED_MODELS})")

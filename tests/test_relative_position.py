@@ -331,3 +331,20 @@ def test_cross_attention_and_caches_are_refused():
         attn(x, past_key_values=object())
     with pytest.raises(ValueError, match="caches"):
         attn(x, cache=object())  # transformers >= 5.24's name for it
+
+
+def test_transformers_outside_the_tested_range_is_refused_when_used(monkeypatch):
+    """Installing posbias pins no transformers release: the relative attention checks it on use."""
+    from posbias.relative_position import ALLOW_UNTESTED, TESTED_TRANSFORMERS, check_transformers_version
+
+    monkeypatch.delenv(ALLOW_UNTESTED, raising=False)
+    low, high = TESTED_TRANSFORMERS
+    for ok in (f"{low}.0", f"{high}.0", f"{high}.7", f"{high}.1.dev0"):
+        check_transformers_version("model.position_embedding_type", ok)
+    major, minor = map(int, high.split("."))
+    for bad in ("4.57.6", f"{major}.{minor + 1}.0", f"{major + 1}.0.0"):
+        with pytest.raises(ConfigError, match=rf"model.position_embedding_type: .*tested with transformers "
+                                              rf"{low} to {high}.x; the installed transformers is {bad}\."):
+            check_transformers_version("model.position_embedding_type", bad)
+    monkeypatch.setenv(ALLOW_UNTESTED, "1")
+    check_transformers_version("model.position_embedding_type", f"{major}.{minor + 1}.0")

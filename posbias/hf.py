@@ -1,0 +1,316 @@
+"""posbias inside a user's own Hugging Face `Trainer` script: data collators and a callback.
+
+A front beside `api.py` and `cli.py`: it calls down into `posbias.perturb` (the same samplers and
+concatenation the posbias training loop uses) and the tagging evaluation; nothing below imports it.
+
+Collators wrap the collator a script already has (`DataCollatorForTokenClassification`,
+`default_data_collator`, `DataCollatorWithPadding`, ...) and add what a method needs to its batch:
+
+- `PositionShiftCollator(collator, model, tokenizer, method="rpp" | "random_padding")`: Random
+  Position Perturbation (Ben Amor et al., §4.1) or Random Padding (Tao et al., §3) as a
+  `position_ids` tensor, with the position base and table size read off the model, as posbias's
+  `bind` does (RoBERTa counts from padding_idx + 1). The batch's own fields pass through untouched.
+- `ContextPerturbationCollator(collator, model, tokenizer)`: Context Perturbation (Ben Amor et
+  al., §4.2) on a token-classification batch: rows re-packed into concatenations of sentences in
+  distinct random orders, `labels` carried along (-100 on the joining separators).
+
+`mode="augment"` is the authors' recipe (a clean and a perturbed pass, losses summed): the collator
+returns both views stacked into one batch of 2b rows, so the Trainer's loss is the mean over both
+(the sum of the two losses up to a factor of 2, which AdamW's update does not see).
+
+`PositionBiasCallback` runs the duplicated-test-set evaluation F1(α) (Ben Amor et al., §3) of the
+model being trained at every evaluation and adds `<prefix>_f1_alpha_<α>` (POS: accuracy) to the
+Trainer's metrics, so they are logged, returned by `trainer.evaluate()` and usable as
+`metric_for_best_model`.
+
+Randomness: each collator draws from its own `torch.Generator(seed)`; with DataLoader workers every
+worker holds a copy, so pass `dataloader_num_workers=0` (the Trainer's default) for distinct draws.
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import torch
+
+from .errors import ConfigError
+from .perturb.context_concat import concatenate_contexts
+from .perturb.position_shift import (RELATIVE_POSITION_MODELS, RELATIVE_POSITION_TYPES, sample_random_padding,
+                                     sample_rpp, shift_position_ids)
+
+METHODS = ("rpp", "random_padding")
+MODES = ("replace", "augment")
+IGNORE = -100  # the label id Hugging Face losses skip
+
+
+def _base_model(model):
+    return getattr(model, getattr(model, "base_model_prefix", ""), model)
+
+
+def position_numbering(model) -> tuple[int, int, int | None]:
+    """(first position id, padding position id, position table size) of a Hugging Face model;
+    a model whose forward takes no `position_ids` (BLOOM, XLNet, Funnel, ...) is refused by name."""
+    from .encoders import position_id_base
+
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        raise ConfigError(f"{type(model).__name__}.forward takes no position_ids: position shifting (Random "
+                          "Padding, RPP) cannot reach this model; use an encoder with absolute position "
+                          "ids (BERT, RoBERTa, ELECTRA, ...) or Context Perturbation")
+    config = model.config
+    kind = getattr(config, "position_embedding_type", "absolute")
+    if kind in RELATIVE_POSITION_TYPES or getattr(config, "model_type", None) in RELATIVE_POSITION_MODELS:
+        warnings.warn(f"{getattr(config, 'model_type', type(model).__name__)} uses relative positions; "
+                      "shifting position ids has no effect on it", stacklevel=3)
+    base, pad = position_id_base(_base_model(model))
+    return base, pad, getattr(config, "max_position_embeddings", None)
+
+
+def _leading_special(tokenizer) -> set[int]:
+    from .tagging.features import special_tokens
+
+    prefix, _ = special_tokens(tokenizer)
+    return {prefix[0]} if prefix else set()
+
+
+def _cls_index(input_ids: torch.Tensor, attention_mask: torch.Tensor, leading: set[int]) -> torch.Tensor:
+    """(b,) index of each row's leading special token ([CLS], <s>), -1 where the row has none."""
+    first = attention_mask.long().argmax(-1)  # (b,) first real token (left padding included)
+    rows = torch.arange(input_ids.shape[0])
+    starts = input_ids[rows, first]  # (b,)
+    has = torch.tensor([int(t) in leading for t in starts.tolist()], dtype=torch.bool)
+    return torch.where(has, first, torch.full_like(first, -1))
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    return mode
+
+
+def _stack_views(clean: dict, perturbed: dict, pads: dict, padding_side: str) -> dict:
+    """One batch of 2b rows: `clean` on top of `perturbed`, token fields padded to the longer view."""
+    s = max(v.shape[1] for v in (clean["input_ids"], perturbed["input_ids"]))
+    out = {}
+    for k in clean:
+        a, b = clean[k], perturbed[k]
+        if a.dim() >= 2 and k in pads:  # (b, s) token fields
+            def pad(t):
+                extra = s - t.shape[1]
+                if not extra:
+                    return t
+                fill = torch.full((t.shape[0], extra), pads[k], dtype=t.dtype)
+                return torch.cat([fill, t] if padding_side == "left" else [t, fill], dim=1)
+            a, b = pad(a), pad(b)
+        out[k] = torch.cat([a, b], dim=0)
+    return out
+
+
+class PositionShiftCollator:
+    """Wraps a Hugging Face data collator; adds `position_ids` shifted by RPP or Random Padding.
+
+    Args:
+        collator: the script's collator, `features -> batch` with input_ids and attention_mask.
+        model: the model being trained: its position base, padding position and table size are read;
+            batches collated while it is in eval mode (the Trainer's evaluation) pass through unshifted.
+        tokenizer: its tokenizer (which token is the leading special that keeps its position).
+        method: "rpp" (p_r ~ U{l .. M - l}, the paper's interval) or "random_padding" (k ~ U{0 .. n - m}).
+        max_len: RPP's M (default: the model's usable position table) or Random Padding's n (default:
+            the tokenizer's model_max_length, within the table).
+        cap: Random Padding's cap K on the shift (App. D); None for none.
+        seed: seed of this collator's generator.
+        mode: "replace" (train on the shifted batch) or "augment" (clean + shifted rows, module doc).
+    """
+
+    def __init__(self, collator, model, tokenizer, *, method: str = "rpp", max_len: int | None = None,
+                 cap: int | None = None, seed: int = 0, mode: str = "replace"):
+        if method not in METHODS:
+            raise ConfigError(f"method must be one of {list(METHODS)}, got {method!r}")
+        self.collator, self.method, self.mode, self.model = collator, method, _check_mode(mode), model
+        self.base, self.pad_position, n_pos = position_numbering(model)
+        usable = n_pos - self.base if n_pos is not None else None
+        if max_len is None:
+            tok_max = getattr(tokenizer, "model_max_length", None)
+            sensible = tok_max if isinstance(tok_max, int) and tok_max < 1_000_000 else None
+            max_len = usable if method == "rpp" or sensible is None else min(sensible, usable or sensible)
+        if max_len is None or max_len < 1:
+            raise ConfigError(f"max_len must be a positive number of positions (the model has no position table "
+                              f"to take it from), got {max_len!r}")
+        if usable is not None and max_len > usable:
+            raise ConfigError(f"max_len ({max_len}) + first position id ({self.base}) exceeds the model's "
+                              f"max_position_embeddings ({n_pos})")
+        self.max_len, self.cap = max_len, cap
+        self.leading = _leading_special(tokenizer)
+        self.padding_side = getattr(tokenizer, "padding_side", "right")
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def shift(self, batch: dict) -> dict:
+        """A copy of `batch` with shifted `position_ids` (and `position_shift`, the (b,) shifts, only
+        as an attribute of the returned dict's source: the model never sees it)."""
+        mask = batch["attention_mask"]
+        cls_index = _cls_index(batch["input_ids"], mask, self.leading)
+        lengths = mask.sum(-1)  # (b,) real tokens, specials included
+        if self.method == "rpp":
+            k = sample_rpp(lengths, cls_index >= 0, self.max_len, self.generator)
+        else:
+            k = sample_random_padding(lengths, self.max_len, self.cap, self.generator)
+        out = dict(batch)
+        out["position_ids"] = shift_position_ids(mask, cls_index, k, base=self.base, pad_position=self.pad_position)
+        return out
+
+    def __call__(self, features) -> dict:
+        batch = dict(self.collator(features))
+        if not self.model.training:  # the Trainer's evaluation batches (model.eval()) stay clean
+            return batch
+        shifted = self.shift(batch)
+        if self.mode == "replace":
+            return shifted
+        from .encoders import position_ids
+
+        clean = dict(batch, position_ids=position_ids(batch["attention_mask"], self.base, self.pad_position))
+        pads = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE,
+                "position_ids": self.pad_position}
+        return _stack_views(clean, shifted, pads, self.padding_side)
+
+
+class ContextPerturbationCollator:
+    """Wraps a token-classification collator (`labels` per token, -100 where no loss); re-packs each
+    batch by Context Perturbation (`posbias.perturb.context_concat`), labels carried along.
+
+    Args:
+        collator: e.g. `DataCollatorForTokenClassification(tokenizer)`.
+        model: the model being trained (its position table bounds M; batches collated while it is
+            in eval mode, the Trainer's evaluation, pass through unperturbed).
+        tokenizer: its tokenizer (specials around a sentence, the joining separator, pad id, side).
+        max_len: M, the most tokens of a concatenation (the paper: the whole table, 512); default
+            the model's usable position table.
+        seed: seed of this collator's generator.
+        mode: "replace" or "augment" (clean rows + re-packed rows, module doc).
+    """
+
+    FIELDS = ("input_ids", "attention_mask", "labels", "token_type_ids")
+
+    def __init__(self, collator, model, tokenizer, *, max_len: int | None = None, seed: int = 0,
+                 mode: str = "replace"):
+        from .encoders import position_id_base
+        from .tagging.features import separator_id, special_tokens
+
+        self.collator, self.mode, self.model = collator, _check_mode(mode), model
+        n_pos = getattr(model.config, "max_position_embeddings", None)
+        usable = n_pos - position_id_base(_base_model(model))[0] if n_pos is not None else None
+        if max_len is None:
+            tok_max = getattr(tokenizer, "model_max_length", None)
+            max_len = usable or (tok_max if isinstance(tok_max, int) and tok_max < 1_000_000 else None)
+        if not isinstance(max_len, int) or max_len < 1:
+            raise ConfigError(f"max_len must be a positive integer (M, tokens of a concatenation), got {max_len!r}")
+        if usable is not None and max_len > usable:
+            raise ConfigError(f"max_len ({max_len}) exceeds the model's usable position table ({usable})")
+        prefix, suffix = special_tokens(tokenizer)
+        self.max_len, self.prefix, self.suffix = max_len, prefix, suffix
+        self.sep_id = separator_id(tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.padding_side = getattr(tokenizer, "padding_side", "right")
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def perturb(self, batch: dict) -> dict:
+        """The re-packed batch (same number of rows), in the fields the model takes."""
+        if "labels" not in batch or batch["labels"].dim() != 2:
+            raise ConfigError("context perturbation needs a token-classification batch: `labels` of shape "
+                              "(batch, tokens), -100 where no loss")
+        mask = batch["attention_mask"]
+        b, s = mask.shape
+        lens = mask.sum(-1)  # (b,)
+        first = mask.long().argmax(-1)  # (b,) first real token
+        slots = torch.arange(s)[None]  # (1, s)
+        # A row's body: its real tokens without the tokenizer's own prefix/suffix specials.
+        body = (slots >= (first + len(self.prefix))[:, None]) & (slots < (first + lens - len(self.suffix))[:, None])
+        inner = {
+            "input_ids": batch["input_ids"], "attention_mask": mask, "labels": batch["labels"],
+            "word_index": torch.where(body, 0, -1), "predict": batch["labels"] != IGNORE,
+            "cls_index": first if self.prefix else torch.full((b,), -1, dtype=torch.long),
+            "pad_left": first, "window": torch.arange(b),
+        }
+        if "token_type_ids" in batch:
+            inner["token_type_ids"] = batch["token_type_ids"]
+        out = concatenate_contexts(inner, self.generator, max_len=self.max_len, prefix=self.prefix,
+                                   suffix=self.suffix, sep_id=self.sep_id, pad_id=self.pad_id,
+                                   padding_side=self.padding_side)
+        return {k: out[k] for k in self.FIELDS if k in out}
+
+    def __call__(self, features) -> dict:
+        batch = dict(self.collator(features))
+        if not self.model.training:  # the Trainer's evaluation batches (model.eval()) stay clean
+            return batch
+        extra = sorted(set(batch) - set(self.FIELDS))
+        if extra:
+            raise ConfigError(f"context perturbation re-packs rows and cannot carry the batch field(s) {extra}")
+        packed = self.perturb(batch)
+        if self.mode == "replace":
+            return packed
+        pads = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE}
+        return _stack_views(batch, packed, pads, self.padding_side)
+
+
+def _callback_base():
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class PositionBiasCallback(_callback_base()):
+    """At each evaluation, F1(α) of the model on the duplicated test sets D*_test(k) (Ben Amor et al.,
+    §3; `posbias.tagging.duplicated.position_eval`), added to the Trainer's metrics as
+    `<metric_key_prefix>_<metric>_alpha_<α>` (`eval_f1_alpha_10`; POS: `eval_accuracy_alpha_10`).
+
+    Args:
+        data: a CoNLL / CoNLL-U path or a posbias `TaggingDataset` with gold tags.
+        tokenizer: the model's tokenizer.
+        labels: the model's label names in id order (default: its config's id2label).
+        k_max, quantiles, alphas, batch_tokens: as `posbias diagnose tagging`.
+        metric_key_prefix: the Trainer's prefix ("eval").
+    """
+
+    def __init__(self, data, tokenizer, *, labels: list[str] | None = None, k_max: int = 10,
+                 quantiles=(0.25, 0.75), alphas=(1, 5, 10), batch_tokens: int = 16_384,
+                 metric_key_prefix: str = "eval"):
+        from .tagging.readers import read_tagging
+
+        self.dataset = read_tagging(str(data)) if isinstance(data, (str, bytes)) or hasattr(data, "__fspath__") else data
+        self.tokenizer, self.labels = tokenizer, labels
+        self.k_max, self.quantiles, self.alphas = k_max, quantiles, tuple(alphas)
+        self.batch_tokens, self.prefix = batch_tokens, metric_key_prefix
+        self.history: list[dict] = []
+        self.trainer = None
+
+    def attach(self, trainer) -> "PositionBiasCallback":
+        """Add this callback to `trainer` and log through it, so trackers (TensorBoard, W&B, ...)
+        receive the position metrics too (a plain callback only extends the evaluation's metrics)."""
+        trainer.add_callback(self)
+        self.trainer = trainer
+        return self
+
+    def position_metrics(self, model) -> dict:
+        """F1(α) (POS: accuracy(α)) of a Hugging Face token-classification model, by name."""
+        from .tagging.duplicated import position_eval, summary
+        from .tagging.model import tagger_view
+
+        view = tagger_view(model, self.labels)
+        result = position_eval(view, self.tokenizer, self.dataset, k_max=self.k_max, quantiles=self.quantiles,
+                               modes=("duplicate",), batch_tokens=self.batch_tokens, progress=False)
+        flat = summary(result, alphas=self.alphas)
+        key = result["metric"]
+        keep = [f"{key}_alpha_{a}" for a in self.alphas if a <= self.k_max]
+        return {f"{self.prefix}_{k}": flat[k] for k in keep if k in flat}
+
+    def on_evaluate(self, args, state, control, model=None, metrics=None, **kwargs):
+        if model is None or not state.is_world_process_zero:
+            return control
+        new = self.position_metrics(model)
+        if metrics is not None:
+            metrics.update(new)  # the dict trainer.evaluate() returns and best-model selection reads
+        self.history.append({**new, "step": state.global_step})
+        if self.trainer is not None:
+            self.trainer.log(dict(new))  # log_history + every callback's on_log (the trackers)
+        else:
+            state.log_history.append({**new, "step": state.global_step})
+        return control

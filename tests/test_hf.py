@@ -1,0 +1,170 @@
+"""posbias.hf: collators that wrap Hugging Face collators, the F1(alpha) callback, under a real Trainer."""
+import warnings
+
+import pytest
+import torch
+from transformers import (AutoTokenizer, BertConfig, BertForTokenClassification, DataCollatorForTokenClassification,
+                          RobertaConfig, RobertaForTokenClassification)
+
+from posbias.config import RESOURCES
+from posbias.errors import ConfigError
+from posbias.hf import ContextPerturbationCollator, PositionBiasCallback, PositionShiftCollator
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+SENTENCES = [(["Ana", "went", "to", "Oslo"], ["B-PER", "O", "O", "B-LOC"]),
+             (["Bo", "Berg", "smiled"], ["B-PER", "I-PER", "O"]),
+             (["It", "rained", "in", "New", "York", "today"], ["O", "O", "O", "B-LOC", "I-LOC", "O"]),
+             (["Hi"], ["O"])]
+
+
+@pytest.fixture(scope="module")
+def bert_tok():
+    return AutoTokenizer.from_pretrained(str(RESOURCES / "tiny_tokenizer"))
+
+
+def bert(tok, **kw):
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(tok), max_position_embeddings=64, num_labels=len(LABELS),
+                     id2label=dict(enumerate(LABELS)), label2id={t: i for i, t in enumerate(LABELS)}, **SMALL, **kw)
+    return BertForTokenClassification(cfg)
+
+
+def features(tok, sentences=SENTENCES):
+    """What a standard HF NER script feeds its collator: first sub-token labelled, the rest -100."""
+    out = []
+    for words, tags in sentences:
+        enc = tok(words, is_split_into_words=True)
+        prev, labels = None, []
+        for w in enc.word_ids():
+            labels.append(-100 if w is None or w == prev else LABELS.index(tags[w]))
+            prev = w
+        out.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels})
+    return out
+
+
+def test_rpp_collator_shifts_positions_and_keeps_cls(bert_tok):
+    model = bert(bert_tok).train()
+    coll = PositionShiftCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, method="rpp", seed=1)
+    batch = coll(features(bert_tok))
+    plain = DataCollatorForTokenClassification(bert_tok)(features(bert_tok))
+    for k in plain:  # the wrapped collator's fields are untouched
+        assert torch.equal(batch[k], plain[k])
+    pos, mask = batch["position_ids"], batch["attention_mask"]
+    assert pos.shape == mask.shape and (pos[:, 0] == 0).all()  # [CLS] keeps position 0
+    lengths = mask.sum(-1)
+    for r in range(pos.shape[0]):
+        real = pos[r, : lengths[r]]
+        # consecutive after [CLS], starting at p_r in the paper's interval [l, M - l]
+        assert torch.equal(real[1:] - real[1], torch.arange(int(lengths[r]) - 1))
+        assert int(lengths[r]) <= int(real[1]) <= 64 - int(lengths[r])
+        assert (pos[r, lengths[r]:] == 0).all() and int(real.max()) < 64
+    model.eval()  # the Trainer's evaluation batches: passed through, no position_ids
+    assert "position_ids" not in coll(features(bert_tok))
+
+
+def test_random_padding_collator_and_roberta_numbering():
+    tok = AutoTokenizer.from_pretrained(str(RESOURCES / "tiny_bpe_roberta"))
+    torch.manual_seed(0)
+    model = RobertaForTokenClassification(RobertaConfig(vocab_size=len(tok), max_position_embeddings=66, pad_token_id=1,
+                                                        num_labels=len(LABELS), **SMALL)).train()
+    coll = PositionShiftCollator(DataCollatorForTokenClassification(tok), model, tok, method="random_padding",
+                                 max_len=32, seed=3)
+    batch = coll(features(tok))
+    pos, mask = batch["position_ids"], batch["attention_mask"]
+    assert (pos[:, 0] == 2).all() and (pos[mask == 0] == 1).all()  # RoBERTa: <s> at padding_idx + 1
+    shifts = pos[:, 1] - 3
+    assert (shifts >= 0).all() and (shifts <= 32 - mask.sum(-1)).all()  # k ~ U{0 .. n - m}
+    with pytest.raises(ConfigError, match=r"max_len \(70\) \+ first position id \(2\) exceeds"):
+        PositionShiftCollator(DataCollatorForTokenClassification(tok), model, tok, method="random_padding", max_len=70)
+
+
+def test_model_without_position_ids_is_refused(bert_tok):
+    from transformers import BloomConfig, BloomForTokenClassification
+
+    model = BloomForTokenClassification(BloomConfig(vocab_size=len(bert_tok), hidden_size=32, n_layer=1, n_head=4,
+                                                    num_labels=2))  # ALiBi: no position ids at all
+    with pytest.raises(ConfigError, match="BloomForTokenClassification.forward takes no position_ids"):
+        PositionShiftCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok)
+
+
+def _labelled_words(batch, r, tok):
+    ids, labels = batch["input_ids"][r].tolist(), batch["labels"][r].tolist()
+    return [(tok.convert_ids_to_tokens(i), LABELS[l]) for i, l in zip(ids, labels) if l != -100]
+
+
+def test_context_perturbation_collator_carries_labels(bert_tok):
+    model = bert(bert_tok).train()
+    feats = features(bert_tok)
+    coll = ContextPerturbationCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, max_len=40, seed=0)
+    out = coll(feats)
+    plain = DataCollatorForTokenClassification(bert_tok)(feats)
+    assert set(out) == {"input_ids", "attention_mask", "labels"} and out["input_ids"].shape[0] == len(feats)
+    sources = [_labelled_words(plain, r, bert_tok) for r in range(len(feats))]
+    rows = [_labelled_words(out, r, bert_tok) for r in range(len(feats))]
+    sep = bert_tok.sep_token_id
+    assert any((out["input_ids"][r] == sep).sum() > 1 for r in range(len(feats)))  # packed rows exist
+    for row in rows:  # every packed row is a concatenation of whole source sentences, labels kept
+        rest = list(row)
+        while rest:
+            src = next(s for s in sources if rest[: len(s)] == s)
+            rest = rest[len(src):]
+    assert sorted(map(tuple, sources)) == sorted({tuple(s) for row in rows for s in sources
+                                                   if any(row[i:i + len(s)] == s for i in range(len(row)))})
+    aug = ContextPerturbationCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, max_len=40,
+                                      mode="augment")(feats)
+    assert aug["input_ids"].shape[0] == 2 * len(feats)
+    s = plain["input_ids"].shape[1]
+    assert torch.equal(aug["input_ids"][: len(feats), :s], plain["input_ids"])  # clean rows first
+
+
+def _tiny_trainer(tmp_path, model, tok, collator, callbacks=()):
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    ds = Dataset.from_list(features(tok) * 4)
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=3, per_device_train_batch_size=4,
+                             per_device_eval_batch_size=4, learning_rate=1e-3, report_to="none", save_strategy="no",
+                             logging_steps=1, use_cpu=True, seed=0)
+    return Trainer(model=model, args=args, train_dataset=ds, eval_dataset=ds, data_collator=collator,
+                   callbacks=list(callbacks))
+
+
+def test_perturbations_reach_the_model_under_trainer(bert_tok, tmp_path):
+    model = bert(bert_tok)
+    seen = []
+    model.register_forward_pre_hook(lambda m, a, kw: seen.append((m.training, kw.get("position_ids"),
+                                                                  kw["input_ids"].shape[0])), with_kwargs=True)
+    coll = PositionShiftCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, method="rpp",
+                                 mode="augment")
+    trainer = _tiny_trainer(tmp_path, model, bert_tok, coll)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+        trainer.evaluate()
+    train_calls = [s for s in seen if s[0]]
+    assert len(train_calls) == 3
+    for _, pos, rows in train_calls:  # augment: clean rows with 0.., then shifted copies
+        assert rows == 8 and pos is not None and (pos[4:, 1] > pos[:4, 1]).any()
+        assert torch.equal(pos[:4, 1], torch.ones(4, dtype=torch.long))
+    assert all(pos is None and rows == 4 for training, pos, rows in seen if not training)
+
+
+def test_f1_alpha_callback_adds_metrics(bert_tok, tmp_path):
+    conll = tmp_path / "dev.conll"
+    conll.write_text("\n\n".join("\n".join(f"{w} {t}" for w, t in zip(*s)) for s in SENTENCES * 3) + "\n",
+                     encoding="utf-8")
+    model = bert(bert_tok)
+    coll = DataCollatorForTokenClassification(bert_tok)
+    trainer = _tiny_trainer(tmp_path, model, bert_tok, coll)
+    cb = PositionBiasCallback(conll, bert_tok, k_max=3, alphas=(1, 3), quantiles=None).attach(trainer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        metrics = trainer.evaluate()
+    assert {"eval_f1_alpha_1", "eval_f1_alpha_3"} <= set(metrics) and "eval_loss" in metrics
+    assert 0 <= metrics["eval_f1_alpha_3"] <= 100
+    logged = [r for r in trainer.state.log_history if "eval_f1_alpha_3" in r]
+    assert logged and cb.history[-1]["eval_f1_alpha_3"] == metrics["eval_f1_alpha_3"]
+    # the callback's value is posbias's own F1(alpha) of the same weights
+    direct = cb.position_metrics(model)
+    assert direct["eval_f1_alpha_3"] == pytest.approx(metrics["eval_f1_alpha_3"])
