@@ -111,6 +111,25 @@ def load_hf_tagger(path: str, config):
     return model, tagging_tokenizer(path), cfg
 
 
+def tagger_view(hf_model, labels: list[str] | None = None) -> TaggerModel:
+    """A TaggerModel over a Hugging Face *ForTokenClassification model in memory, sharing (not
+    copying) its encoder and linear classifier: posbias's evaluations of a model being trained by a
+    user's own Trainer (`posbias.hf`). Labels default to the config's id2label."""
+    classifier = getattr(hf_model, "classifier", None)
+    if not isinstance(classifier, nn.Linear):
+        raise ConfigError(f"{type(hf_model).__name__} has no linear `classifier` layer; only linear token heads "
+                          "can be evaluated")
+    config = hf_model.config
+    labels = list(labels) if labels is not None else [config.id2label[i] for i in range(config.num_labels)]
+    if len(labels) != classifier.out_features:
+        raise ConfigError(f"{len(labels)} label names for a classifier of {classifier.out_features} outputs")
+    with torch.random.fork_rng(devices=[]):  # building the view must not move the trainer's RNG
+        view = TaggerModel(getattr(hf_model, hf_model.base_model_prefix), labels, scheme_of_labels(labels),
+                           dropout=0.0)
+    view.classifier = classifier
+    return view
+
+
 def export_hf(checkpoint, out_dir) -> Path:
     """Turn a posbias tagging checkpoint into an AutoModelForTokenClassification folder (labels in
     its config's id2label / label2id)."""
