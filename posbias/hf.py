@@ -14,6 +14,12 @@ Collators wrap the collator a script already has (`DataCollatorForTokenClassific
   al., §4.2) on a token-classification batch: rows re-packed into concatenations of sentences in
   distinct random orders, `labels` carried along (-100 on the joining separators).
 
+The Trainer collates its evaluation batches with the same collator, so a collator cannot perturb
+on its own: it returns the clean batch with the perturbed one beside it under `posbias_view`, and a
+forward pre-hook it puts on the model swaps the view in for training forwards (`model.train()`,
+which the Trainer sets right before each training step) and drops it otherwise. Evaluation,
+prediction and `trainer.evaluate()` thus see clean batches, whatever the order of collation.
+
 `mode="augment"` is the authors' recipe (a clean and a perturbed pass, losses summed): the collator
 returns both views stacked into one batch of 2b rows, so the Trainer's loss is the mean over both
 (the sum of the two losses up to a factor of 2, which AdamW's update does not see).
@@ -81,6 +87,23 @@ def _cls_index(input_ids: torch.Tensor, attention_mask: torch.Tensor, leading: s
     return torch.where(has, first, torch.full_like(first, -1))
 
 
+VIEW = "posbias_view"
+
+
+def _swap_in_view(module, args, kwargs):
+    """Forward pre-hook: the collated perturbed view replaces the batch in training forwards only."""
+    view = kwargs.pop(VIEW, None)
+    if view is not None and module.training:
+        kwargs.update(view)
+    return args, kwargs
+
+
+def _install_hook(model) -> None:
+    if not getattr(model, "_posbias_view_hook", False):
+        model.register_forward_pre_hook(_swap_in_view, with_kwargs=True)
+        model._posbias_view_hook = True
+
+
 def _check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {list(MODES)}, got {mode!r}")
@@ -110,8 +133,8 @@ class PositionShiftCollator:
 
     Args:
         collator: the script's collator, `features -> batch` with input_ids and attention_mask.
-        model: the model being trained: its position base, padding position and table size are read;
-            batches collated while it is in eval mode (the Trainer's evaluation) pass through unshifted.
+        model: the model being trained: its position base, padding position and table size are read,
+            and it gets the hook that uses the shifted view in training forwards only.
         tokenizer: its tokenizer (which token is the leading special that keeps its position).
         method: "rpp" (p_r ~ U{l .. M - l}, the paper's interval) or "random_padding" (k ~ U{0 .. n - m}).
         max_len: RPP's M (default: the model's usable position table) or Random Padding's n (default:
@@ -127,6 +150,7 @@ class PositionShiftCollator:
             raise ConfigError(f"method must be one of {list(METHODS)}, got {method!r}")
         self.collator, self.method, self.mode, self.model = collator, method, _check_mode(mode), model
         self.base, self.pad_position, n_pos = position_numbering(model)
+        _install_hook(model)
         usable = n_pos - self.base if n_pos is not None else None
         if max_len is None:
             tok_max = getattr(tokenizer, "model_max_length", None)
@@ -158,10 +182,8 @@ class PositionShiftCollator:
         out["position_ids"] = shift_position_ids(mask, cls_index, k, base=self.base, pad_position=self.pad_position)
         return out
 
-    def __call__(self, features) -> dict:
-        batch = dict(self.collator(features))
-        if not self.model.training:  # the Trainer's evaluation batches (model.eval()) stay clean
-            return batch
+    def view(self, batch: dict) -> dict:
+        """What a training forward takes: the shifted batch, or with augment clean + shifted rows."""
         shifted = self.shift(batch)
         if self.mode == "replace":
             return shifted
@@ -172,6 +194,10 @@ class PositionShiftCollator:
                 "position_ids": self.pad_position}
         return _stack_views(clean, shifted, pads, self.padding_side)
 
+    def __call__(self, features) -> dict:
+        batch = dict(self.collator(features))
+        return {**batch, VIEW: self.view(batch)}
+
 
 class ContextPerturbationCollator:
     """Wraps a token-classification collator (`labels` per token, -100 where no loss); re-packs each
@@ -179,8 +205,8 @@ class ContextPerturbationCollator:
 
     Args:
         collator: e.g. `DataCollatorForTokenClassification(tokenizer)`.
-        model: the model being trained (its position table bounds M; batches collated while it is
-            in eval mode, the Trainer's evaluation, pass through unperturbed).
+        model: the model being trained: its position table bounds M, and it gets the hook that uses
+            the re-packed view in training forwards only.
         tokenizer: its tokenizer (specials around a sentence, the joining separator, pad id, side).
         max_len: M, the most tokens of a concatenation (the paper: the whole table, 512); default
             the model's usable position table.
@@ -196,6 +222,7 @@ class ContextPerturbationCollator:
         from .tagging.features import separator_id, special_tokens
 
         self.collator, self.mode, self.model = collator, _check_mode(mode), model
+        _install_hook(model)
         n_pos = getattr(model.config, "max_position_embeddings", None)
         usable = n_pos - position_id_base(_base_model(model))[0] if n_pos is not None else None
         if max_len is None:
@@ -237,10 +264,8 @@ class ContextPerturbationCollator:
                                    padding_side=self.padding_side)
         return {k: out[k] for k in self.FIELDS if k in out}
 
-    def __call__(self, features) -> dict:
-        batch = dict(self.collator(features))
-        if not self.model.training:  # the Trainer's evaluation batches (model.eval()) stay clean
-            return batch
+    def view(self, batch: dict) -> dict:
+        """What a training forward takes: the re-packed batch, or with augment clean + packed rows."""
         extra = sorted(set(batch) - set(self.FIELDS))
         if extra:
             raise ConfigError(f"context perturbation re-packs rows and cannot carry the batch field(s) {extra}")
@@ -249,6 +274,10 @@ class ContextPerturbationCollator:
             return packed
         pads = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE}
         return _stack_views(batch, packed, pads, self.padding_side)
+
+    def __call__(self, features) -> dict:
+        batch = dict(self.collator(features))
+        return {**batch, VIEW: self.view(batch)}
 
 
 def _callback_base():

@@ -8,7 +8,7 @@ from transformers import (AutoTokenizer, BertConfig, BertForTokenClassification,
 
 from posbias.config import RESOURCES
 from posbias.errors import ConfigError
-from posbias.hf import ContextPerturbationCollator, PositionBiasCallback, PositionShiftCollator
+from posbias.hf import VIEW, ContextPerturbationCollator, PositionBiasCallback, PositionShiftCollator
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
@@ -46,10 +46,12 @@ def features(tok, sentences=SENTENCES):
 def test_rpp_collator_shifts_positions_and_keeps_cls(bert_tok):
     model = bert(bert_tok).train()
     coll = PositionShiftCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, method="rpp", seed=1)
-    batch = coll(features(bert_tok))
+    out = coll(features(bert_tok))
+    batch = out[VIEW]  # what training forwards take; the top level is the clean batch
     plain = DataCollatorForTokenClassification(bert_tok)(features(bert_tok))
-    for k in plain:  # the wrapped collator's fields are untouched
-        assert torch.equal(batch[k], plain[k])
+    assert set(out) == set(plain) | {VIEW}
+    for k in plain:  # the wrapped collator's fields are untouched, at the top level and in the view
+        assert torch.equal(out[k], plain[k]) and torch.equal(batch[k], plain[k])
     pos, mask = batch["position_ids"], batch["attention_mask"]
     assert pos.shape == mask.shape and (pos[:, 0] == 0).all()  # [CLS] keeps position 0
     lengths = mask.sum(-1)
@@ -59,8 +61,15 @@ def test_rpp_collator_shifts_positions_and_keeps_cls(bert_tok):
         assert torch.equal(real[1:] - real[1], torch.arange(int(lengths[r]) - 1))
         assert int(lengths[r]) <= int(real[1]) <= 64 - int(lengths[r])
         assert (pos[r, lengths[r]:] == 0).all() and int(real.max()) < 64
-    model.eval()  # the Trainer's evaluation batches: passed through, no position_ids
-    assert "position_ids" not in coll(features(bert_tok))
+    # The model's hook: the view in training forwards, the clean batch otherwise.
+    seen = []
+    model.register_forward_pre_hook(lambda m, a, kw: seen.append(dict(kw)), with_kwargs=True)
+    with torch.no_grad():
+        model(**out)
+        model.eval()
+        model(**out)
+    assert torch.equal(seen[0]["position_ids"], pos) and VIEW not in seen[0]
+    assert "position_ids" not in seen[1] and VIEW not in seen[1]
 
 
 def test_random_padding_collator_and_roberta_numbering():
@@ -70,7 +79,7 @@ def test_random_padding_collator_and_roberta_numbering():
                                                         num_labels=len(LABELS), **SMALL)).train()
     coll = PositionShiftCollator(DataCollatorForTokenClassification(tok), model, tok, method="random_padding",
                                  max_len=32, seed=3)
-    batch = coll(features(tok))
+    batch = coll(features(tok))[VIEW]
     pos, mask = batch["position_ids"], batch["attention_mask"]
     assert (pos[:, 0] == 2).all() and (pos[mask == 0] == 1).all()  # RoBERTa: <s> at padding_idx + 1
     shifts = pos[:, 1] - 3
@@ -97,7 +106,7 @@ def test_context_perturbation_collator_carries_labels(bert_tok):
     model = bert(bert_tok).train()
     feats = features(bert_tok)
     coll = ContextPerturbationCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, max_len=40, seed=0)
-    out = coll(feats)
+    out = coll(feats)[VIEW]
     plain = DataCollatorForTokenClassification(bert_tok)(feats)
     assert set(out) == {"input_ids", "attention_mask", "labels"} and out["input_ids"].shape[0] == len(feats)
     sources = [_labelled_words(plain, r, bert_tok) for r in range(len(feats))]
@@ -112,7 +121,7 @@ def test_context_perturbation_collator_carries_labels(bert_tok):
     assert sorted(map(tuple, sources)) == sorted({tuple(s) for row in rows for s in sources
                                                    if any(row[i:i + len(s)] == s for i in range(len(row)))})
     aug = ContextPerturbationCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, max_len=40,
-                                      mode="augment")(feats)
+                                      mode="augment")(feats)[VIEW]
     assert aug["input_ids"].shape[0] == 2 * len(feats)
     s = plain["input_ids"].shape[1]
     assert torch.equal(aug["input_ids"][: len(feats), :s], plain["input_ids"])  # clean rows first
@@ -132,11 +141,11 @@ def _tiny_trainer(tmp_path, model, tok, collator, callbacks=()):
 
 def test_perturbations_reach_the_model_under_trainer(bert_tok, tmp_path):
     model = bert(bert_tok)
-    seen = []
-    model.register_forward_pre_hook(lambda m, a, kw: seen.append((m.training, kw.get("position_ids"),
-                                                                  kw["input_ids"].shape[0])), with_kwargs=True)
     coll = PositionShiftCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, method="rpp",
                                  mode="augment")
+    seen = []  # registered after the collator's hook: sees what the forward receives
+    model.register_forward_pre_hook(lambda m, a, kw: seen.append((m.training, kw.get("position_ids"),
+                                                                  kw["input_ids"].shape[0])), with_kwargs=True)
     trainer = _tiny_trainer(tmp_path, model, bert_tok, coll)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

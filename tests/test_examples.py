@@ -1,0 +1,98 @@
+"""examples/: the two Hugging Face Trainer scripts run on a tiny random BERT for a few steps, and the
+posbias perturbation reaches the model's forward (shifted position ids, packed rows)."""
+import functools
+import importlib.util
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (AutoTokenizer, BertConfig, BertForQuestionAnswering, BertForTokenClassification,
+                          BertModel)
+
+from posbias.config import RESOURCES
+
+from conftest import DEMO_DEV, DEMO_TRAIN
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+WNUT_TRAIN = str(RESOURCES / "tagging_demo" / "wnut-train.conll.gz")
+WNUT_DEV = str(RESOURCES / "tagging_demo" / "wnut-dev.conll.gz")
+
+
+def _example(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory):
+    """A bare random BERT folder with the bundled tiny tokenizer: what a Hub id resolves to."""
+    out = tmp_path_factory.mktemp("tiny_bert")
+    tok = AutoTokenizer.from_pretrained(str(RESOURCES / "tiny_tokenizer"))
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, max_position_embeddings=512)).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return str(out)
+
+
+def _record_forward(monkeypatch, cls):
+    """Record the inputs every training forward of `cls` receives (signature kept for the Trainer)."""
+    seen = []
+    original = cls.forward
+
+    @functools.wraps(original)
+    def forward(self, *args, **kwargs):
+        if self.training:
+            seen.append({k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "forward", forward)
+    return seen
+
+
+def _run(main, argv):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return main(argv)
+
+
+@pytest.mark.parametrize("method", ["rpp", "cp", "none"])
+def test_hf_ner_example(tiny_encoder, tmp_path, monkeypatch, method):
+    seen = _record_forward(monkeypatch, BertForTokenClassification)
+    out = tmp_path / "ner"
+    metrics = _run(_example("hf_ner_trainer").main,
+                   ["--model", tiny_encoder, "--train", WNUT_TRAIN, "--dev", WNUT_DEV, "--out", str(out),
+                    "--method", method, "--max-steps", "3", "--batch-size", "4", "--k-max", "2", "--max-length", "64"])
+    assert len(seen) == 3 and (out / "model.safetensors").is_file()
+    assert {"eval_loss", "eval_f1_alpha_1", "dev_f1"} <= set(metrics)
+    sep = AutoTokenizer.from_pretrained(tiny_encoder).sep_token_id
+    for batch in seen:
+        b = batch["input_ids"].shape[0]
+        if method == "rpp":  # augment: 4 clean rows at 0.., 4 rows shifted past [CLS]
+            pos = batch["position_ids"]
+            assert b == 8 and (pos[:4, 1] == 1).all() and (pos[4:, 1] > 1).any()
+        elif method == "cp":  # augment: 4 clean rows, then 4 packed rows of several sentences
+            assert b == 8 and "position_ids" not in batch
+            assert ((batch["input_ids"][4:] == sep).sum(-1) > 1).any()
+        else:
+            assert b == 4 and "position_ids" not in batch
+
+
+def test_hf_qa_example(tiny_encoder, tmp_path, monkeypatch):
+    seen = _record_forward(monkeypatch, BertForQuestionAnswering)
+    out = tmp_path / "qa"
+    metrics = _run(_example("hf_qa_trainer").main,
+                   ["--model", tiny_encoder, "--train", DEMO_TRAIN, "--dev", DEMO_DEV, "--out", str(out),
+                    "--max-steps", "3", "--batch-size", "4", "--max-length", "128", "--stride", "32"])
+    assert len(seen) == 3 and 0 <= metrics["f1"] <= 100
+    for batch in seen:  # Random Padding: every token after [CLS] moved by k ~ U{0 .. 128 - m}
+        pos, mask = batch["position_ids"], batch["attention_mask"]
+        assert (pos[:, 0] == 0).all() and (pos[:, 1] >= 1).all() and int(pos.max()) < 128
+        assert batch["start_positions"].shape == (4,)
+    assert any((b["position_ids"][:, 1] > 1).any() for b in seen)
+    diagnosis = json.loads((out / "diagnosis" / "diagnosis.json").read_text(encoding="utf-8"))
+    assert diagnosis
