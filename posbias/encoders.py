@@ -46,14 +46,97 @@ def quiet_transformers():
 def from_pretrained_quietly(auto_cls, path: str, key: str, **kwargs):
     """`auto_cls.from_pretrained` from a local folder, quietly; weights the folder lacks (other than a
     pooler posbias never uses) are named in one warning instead of transformers' report table."""
-    with warnings.catch_warnings(), quiet_transformers():
-        warnings.simplefilter("ignore")
-        model, info = auto_cls.from_pretrained(path, local_files_only=True, output_loading_info=True, **kwargs)
+    check_weights_file(path)
+    try:
+        with warnings.catch_warnings(), quiet_transformers():
+            warnings.simplefilter("ignore")
+            model, info = auto_cls.from_pretrained(path, local_files_only=True, output_loading_info=True, **kwargs)
+    except RuntimeError as e:  # weights of other shapes than config.json describes (the report is silenced)
+        why = shape_mismatch(auto_cls, path, **kwargs) or " ".join(str(e).split())
+        raise ConfigError(f"{key}: {Path(path) / WEIGHTS}: {why}") from None
     missing = sorted(k for k in info.get("missing_keys", ()) if "pooler" not in k)
     if missing:  # not (all of) a trained model: say so, once
         warnings.warn(f"{key}: {len(missing)} weight(s) are not in {path} and start random: "
                       f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", stacklevel=3)
     return model
+
+
+WEIGHTS = "model.safetensors"
+# Other weight files transformers reads; the shapes of these are left to it.
+OTHER_WEIGHTS = ("model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def weight_shapes(file) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in a safetensors file, from its header alone (no weights are
+    read); a truncated or foreign file is an error naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise ConfigError(f"{file}: not a complete safetensors file ({' '.join(str(e).split())}); "
+                          "it is truncated or was not written by safetensors") from None
+
+
+def check_weights_file(path: str) -> None:
+    """A Hugging Face model folder must hold its weights: a readable model.safetensors (or another
+    file transformers reads)."""
+    folder = Path(path)
+    if (folder / WEIGHTS).is_file():
+        weight_shapes(folder / WEIGHTS)
+    elif not any((folder / f).is_file() for f in OTHER_WEIGHTS):
+        raise ConfigError(f"{folder / WEIGHTS} is missing: {path} has a config.json but no weights")
+
+
+def first_shape_error(want: dict, have: dict, file, described_by: str = "config.json") -> str | None:
+    """The first difference between the tensors a model needs (`want`, name -> shape, as
+    `described_by` says) and those a weights file holds (`have`), as one sentence naming the tensor;
+    None when they agree."""
+    for k, shape in want.items():
+        if k not in have:
+            return f"{file}: has no tensor {k} ({len(set(want) - set(have))} missing in all)"
+        if tuple(have[k]) != tuple(shape):
+            return (f"{file}: tensor {k} has shape {list(have[k])} but the model built from {described_by} "
+                    f"needs {list(shape)}: they are from different models")
+    extra = sorted(set(have) - set(want))
+    if extra:
+        return f"{file}: tensor {extra[0]} does not belong to this model ({len(extra)} unexpected in all)"
+    return None
+
+
+def shape_mismatch(auto_cls, path: str, **kwargs) -> str | None:
+    """Why transformers refused a folder's weights: the first tensor whose shape differs from the
+    model config.json describes (built on the meta device: no memory, no initialisation)."""
+    from transformers import AutoConfig
+
+    if not (Path(path) / WEIGHTS).is_file():
+        return None
+    have = weight_shapes(Path(path) / WEIGHTS)
+    try:
+        with torch.device("meta"):
+            model = auto_cls.from_config(AutoConfig.from_pretrained(path, local_files_only=True), **kwargs)
+    except Exception:  # only a better message was at stake: fall back to transformers' own
+        return None
+    prefix = model.base_model_prefix + "."
+    for k, t in model.state_dict().items():
+        got = have.get(k, have.get(k.removeprefix(prefix), have.get(prefix + k)))
+        if got is not None and tuple(got) != tuple(t.shape):
+            return (f"tensor {k} has shape {list(got)} but the model built from config.json needs "
+                    f"{list(t.shape)}: they are from different models")
+    return None
+
+
+def check_vocab_fits(tokenizer, encoder, path) -> None:
+    """Every token id must index the embedding table; a table with spare rows is fine (vocabularies
+    are often padded to a multiple of 8 or 128)."""
+    try:
+        rows = encoder.get_input_embeddings().weight.shape[0]
+    except (AttributeError, NotImplementedError):
+        rows = getattr(encoder.config, "vocab_size", None)
+    if rows is not None and len(tokenizer) > rows:
+        raise ConfigError(f"{path}: the tokenizer files hold {len(tokenizer)} tokens but the embedding table "
+                          f"({WEIGHTS}, config.json) only {rows} rows: the tokenizer is from another model")
 
 
 def local_dir(path: str, key: str) -> str:
@@ -79,6 +162,12 @@ def open_tokenizer(path: str, **kwargs):
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)
     except (OSError, ValueError, TypeError) as e:
         raise ConfigError(f"cannot load a tokenizer from {path}: {e}") from None
+    # Without its files, transformers 5 quietly builds the class's tokenizer with only its special
+    # tokens (every word [UNK]); a class that needs no files (byte-level ByT5) names none.
+    names = set(tok.vocab_files_names.values())
+    if names and not any((Path(path) / f).is_file() for f in names | {"tokenizer.json"}):
+        raise ConfigError(f"{path}: no tokenizer files ({', '.join(sorted(names | {'tokenizer.json'}))}); "
+                          "copy them from the model this folder was trained from")
     check_fast_tokenizer(tok)
     if tok.pad_token is None:
         if tok.eos_token is None:

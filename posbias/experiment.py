@@ -19,15 +19,32 @@ An experiment spec (YAML) names a base run config and a grid:
 Every run is an ordinary `posbias.train` (+ `posbias.evaluate` on each eval set) in its own folder;
 for a given seed every method sees the same batches (the order depends on the seed and the data
 only). Results go to `<output_dir>/experiment.sqlite`, one transaction per finished run.
+
+Sharing a store. Any number of `experiment run` processes on one folder of one machine split the grid
+between them (filling idle cores or GPUs):
+- a process trains a run only while it holds the run's lock, `<output_dir>/locks/<run>.lock`, an OS
+  lock (flock; a locked byte on Windows) taken without waiting; a run another process holds is left
+  to it, and once its own pass is done a process waits for those (unless `wait=False`, `--no-wait`);
+- the kernel drops a lock when its process ends, however it ends, so the run of a crashed (killed,
+  out-of-memory) process is free again: the next process to find it resumes it from its last
+  checkpoint. A process that hangs keeps its lock: end it (its pid is in the lock file);
+- after taking a lock a process reads the run's record again (another may have finished it), and
+  records through WAL + BEGIN IMMEDIATE transactions, so writers queue instead of failing.
+Across machines, give each a disjoint `--only` and join their stores with `experiment copy` (OS
+locks on network file systems are not to be trusted). A store SQLite cannot read gives a ConfigError
+naming it: move it aside and run again; finished runs are re-collected from their folders (their last
+checkpoint is complete, so nothing trains again).
 """
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -38,6 +55,12 @@ import yaml
 from .config import RunConfig, build_config, deep_merge, load_yaml, parse_overrides
 from .errors import ConfigError, RunError
 from .registry import SEGMENTERS
+
+try:
+    import fcntl
+except ImportError:  # Windows: a locked byte instead of flock; both end with their process
+    fcntl = None
+    import msvcrt
 
 # Per-question segmenters: name -> function(examples, eval_dir, checkpoint, **options) -> {qid: label},
 # where eval_dir holds the run's predictions/nbest for those examples and checkpoint its model.
@@ -241,12 +264,101 @@ CREATE TABLE IF NOT EXISTS curves (
 """
 
 
+STORE_WAY_OUT = ("move it aside (with its -wal and -shm files) and run `posbias experiment run` again: finished "
+                 "runs are re-collected from their folders without training; or restore an archive with "
+                 "`posbias experiment copy`")
+
+
+@contextmanager
+def readable_store(db_path):
+    """A store SQLite cannot read ('file is not a database', 'database disk image is malformed')
+    becomes a ConfigError naming the file and the way out."""
+    try:
+        yield
+    except sqlite3.DatabaseError as e:
+        if type(e) is not sqlite3.DatabaseError:  # locked, a constraint, ...: not a damaged file
+            raise
+        raise ConfigError(f"{db_path} is not a readable experiment store ({e}); {STORE_WAY_OUT}") from None
+
+
 def connect(db_path) -> sqlite3.Connection:
+    """The store, shared by every process of the folder: WAL (readers such as a report never block a
+    writing run), a 60 s busy timeout, and BEGIN IMMEDIATE for each `with conn:` write transaction, so
+    that writers queue for the lock at the start instead of failing halfway."""
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(db_path), timeout=60)
-    conn.execute("PRAGMA journal_mode=WAL")  # readers (report) never block a writing run
-    conn.executescript(SCHEMA)
+    conn = sqlite3.connect(str(db_path), timeout=60, isolation_level="IMMEDIATE")
+    try:
+        with readable_store(db_path):
+            for attempt in range(100):
+                # Switching to WAL needs the file alone for a moment; a process opening the store
+                # while another switches it may get 'database is locked' without waiting: retry.
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    break
+                except sqlite3.OperationalError as e:
+                    if "locked" not in str(e) or attempt == 99:
+                        raise
+                    time.sleep(0.1)
+            conn.executescript(SCHEMA)
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def lock_path(exp_dir, run_name: str) -> Path:
+    return Path(exp_dir) / "locks" / f"{run_name}.lock"
+
+
+def claim(exp_dir, run_name: str) -> int | None:
+    """Take a run's lock without waiting: its file descriptor (pass it to `release`), or None when
+    another live process holds it. The lock is the OS's, so it ends with the holder's process however
+    that ends; the holder's pid, host and start time go into the file, for messages only."""
+    from .utils import now_iso
+
+    path = lock_path(exp_dir, run_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        taken = _try_lock(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not taken:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": now_iso()}).encode())
+    return fd
+
+
+def _try_lock(fd: int) -> bool:
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # held; any other OSError (a file system without locks) is raised
+            return False
+        return True
+    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+    except OSError:
+        return False
+    return True
+
+
+def release(fd: int) -> None:
+    os.ftruncate(fd, 0)  # no holder; closing (here, or the kernel at exit) ends the lock
+    os.close(fd)
+
+
+def holder(exp_dir, run_name: str) -> str:
+    """Who holds a run's lock, as its lock file says: "pid 123 on host (since ...)"."""
+    try:
+        info = json.loads(lock_path(exp_dir, run_name).read_text(encoding="utf-8"))
+        return f"pid {info['pid']} on {info['host']} (since {info['since']})"
+    except (OSError, ValueError, KeyError, TypeError):  # being written, or unreadable while locked (Windows)
+        return "another process"
 
 
 def run_status(conn, name: str) -> tuple[str | None, str | None]:
@@ -273,13 +385,17 @@ def plan(exp: Experiment, launcher: str = "local", accelerate_args: str = "") ->
 
 def run_experiment(spec, output_dir: str | None = None, *, launcher: str = "local",
                    accelerate_args: str = "", dry_run: bool = False, force: bool = False,
-                   progress: bool = True, only: list[str] | None = None) -> dict:
+                   progress: bool = True, only: list[str] | None = None, wait: bool = True) -> dict:
     """Run every unfinished run of the grid; finished runs are skipped, interrupted ones resumed.
 
     A run whose config changed since it was recorded is refused (all are checked before anything
     runs) unless `force`, which redoes it from scratch. `only`: shell patterns of run names (e.g.
-    `cp/*`, `rpp/seed2`); the other runs are left alone, so several processes (or machines sharing
-    the folder) can each take a part of one grid.
+    `cp/*`, `rpp/seed2`); the other runs are left alone. Several processes may run one grid at once
+    (see "Sharing a store" above): a run another process holds is left to it, and then waited for
+    unless `wait` is False (it is taken over if its holder dies before finishing it).
+
+    Returns the runs this process trained (`ran`), found finished (`skipped_finished`), saw finished
+    by other processes (`finished_by_others`) and, without `wait`, left to them (`left_to_others`).
     """
     if launcher not in ("local", "accelerate"):
         raise ConfigError(f"--launcher must be local or accelerate, got {launcher!r}")
@@ -300,29 +416,68 @@ def run_experiment(spec, output_dir: str | None = None, *, launcher: str = "loca
         return {"experiment": exp.name, "output_dir": str(exp.output_dir), "runs": plan(exp, launcher, accelerate_args)}
     exp.output_dir.mkdir(parents=True, exist_ok=True)
     _save_spec(exp, spec)
-    done, ran = [], []
-    with closing(connect(exp.db_path)) as conn:
+    outcome: dict[str, list[str]] = {"ran": [], "skipped_finished": [], "finished_by_others": []}
+    options = {"force": force, "launcher": launcher, "accelerate_args": accelerate_args, "progress": progress}
+    with closing(connect(exp.db_path)) as conn, readable_store(exp.db_path):
         changed = []
         for run in exp.runs:
             _, old_hash = run_status(conn, run.name)
             if old_hash is not None and old_hash != run.config_hash:
                 changed.append(run.name)
         if changed and not force:
-            raise ConfigError(
-                f"experiment {exp.name}: the config of run {changed[0]} changed since it was recorded "
-                f"({len(changed)} run(s) in all); use a new output_dir, revert the spec, or pass --force "
-                "to redo them")
+            raise _changed_error(exp, changed)
+        held = []  # runs another live process is training
         for i, run in enumerate(exp.runs):
             status, old_hash = run_status(conn, run.name)
             if status == "finished" and old_hash == run.config_hash:
-                done.append(run.name)
+                outcome["skipped_finished"].append(run.name)
                 continue
-            fresh = old_hash is not None and old_hash != run.config_hash  # --force on a changed run
-            print(f"[{i + 1}/{len(exp.runs)}] {run.name}", file=sys.stderr, flush=True)
-            execute_run(exp, run, conn, fresh=fresh, launcher=launcher, accelerate_args=accelerate_args,
-                        progress=progress)
-            ran.append(run.name)
-    return {"experiment": exp.name, "output_dir": str(exp.output_dir), "skipped_finished": done, "ran": ran}
+            lock = claim(exp.output_dir, run.name)
+            if lock is None:
+                print(f"[{i + 1}/{len(exp.runs)}] {run.name}: held by {holder(exp.output_dir, run.name)}, left to it",
+                      file=sys.stderr, flush=True)
+                held.append(run)
+                continue
+            key = _run_claimed(exp, run, conn, lock, f"[{i + 1}/{len(exp.runs)}] {run.name}", **options)
+            outcome[key].append(run.name)  # "ran", or "finished_by_others" since the first look
+        if held and wait:
+            print(f"waiting for {len(held)} run(s) held by other processes: {', '.join(r.name for r in held)}",
+                  file=sys.stderr, flush=True)
+        while held and wait:
+            for run in list(held):
+                lock = claim(exp.output_dir, run.name)
+                if lock is None:
+                    continue
+                held.remove(run)  # finished by its holder, or free again because its holder died
+                key = _run_claimed(exp, run, conn, lock, f"[taken over] {run.name}", **options)
+                outcome[key].append(run.name)
+            if held:
+                time.sleep(0.5)
+    return {"experiment": exp.name, "output_dir": str(exp.output_dir), **outcome,
+            "left_to_others": [r.name for r in held]}
+
+
+def _changed_error(exp: Experiment, changed: list[str]) -> ConfigError:
+    return ConfigError(
+        f"experiment {exp.name}: the config of run {changed[0]} changed since it was recorded "
+        f"({len(changed)} run(s) in all); use a new output_dir, revert the spec, or pass --force "
+        "to redo them")
+
+
+def _run_claimed(exp: Experiment, run: Run, conn, lock: int, label: str, *, force: bool, **options) -> str:
+    """With the run's lock held: read its record again (another process may have finished it since
+    the first look: "finished_by_others"), else train and record it ("ran"); then let the lock go."""
+    try:
+        status, old_hash = run_status(conn, run.name)
+        if status == "finished" and old_hash == run.config_hash:
+            return "finished_by_others"
+        if old_hash is not None and old_hash != run.config_hash and not force:
+            raise _changed_error(exp, [run.name])  # recorded with another config by another process meanwhile
+        print(label, file=sys.stderr, flush=True)
+        execute_run(exp, run, conn, fresh=old_hash not in (None, run.config_hash), lock=lock, **options)
+        return "ran"
+    finally:
+        release(lock)
 
 
 def _save_spec(exp: Experiment, spec) -> None:
@@ -334,8 +489,12 @@ def _save_spec(exp: Experiment, spec) -> None:
 
 
 def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launcher: str = "local",
-                accelerate_args: str = "", progress: bool = True) -> dict:
-    """Train (resuming its last checkpoint if any), evaluate, and record the run in one transaction."""
+                accelerate_args: str = "", progress: bool = True, lock: int | None = None) -> dict:
+    """Train (resuming its last checkpoint if any), evaluate, and record the run in one transaction.
+
+    `lock`: the run's lock (`claim`); an `accelerate launch` child shares it, so that the run stays
+    claimed while the child trains even if this process dies first.
+    """
     from .config import save_config
     from .training import train
     from .utils import now_iso, versions
@@ -357,7 +516,7 @@ def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launche
         cmd = [str(exe) if exe.is_file() else "accelerate", "launch", *accelerate_args.split(),
                "-m", "posbias", "train", run.config.task, "-c", str(run.output_dir / "run_config.yaml"),
                "--resume" if resumable else "--overwrite"]
-        r = subprocess.run(cmd)
+        r = subprocess.run(cmd, pass_fds=(lock,) if lock is not None and fcntl is not None else ())
         if r.returncode != 0:
             raise RunError(f"run {run.name}: `{' '.join(cmd)}` exited with {r.returncode}; "
                            "run the experiment again to resume it")
@@ -369,12 +528,14 @@ def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launche
     with conn:  # one transaction: a run is recorded whole or not at all
         for table in ("segments", "question_scores", "curves"):
             conn.execute(f"DELETE FROM {table} WHERE run = ?", (run.name,))
-        conn.executemany("INSERT INTO question_scores VALUES (?, ?, ?, ?, ?)",
+        # OR REPLACE: a key twice in a run's files (e.g. a log written by two processes at once by
+        # an older posbias) keeps its last row instead of failing the record, and every later one.
+        conn.executemany("INSERT OR REPLACE INTO question_scores VALUES (?, ?, ?, ?, ?)",
                          [(run.name, es, q, em, f1) for es, scores in results["questions"].items()
                           for q, (em, f1) in scores.items()])
-        conn.executemany("INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?, ?)",
+        conn.executemany("INSERT OR REPLACE INTO segments VALUES (?, ?, ?, ?, ?, ?, ?)",
                          [(run.name, *row) for row in results["segments"]])
-        conn.executemany("INSERT INTO curves VALUES (?, ?, ?, ?)",
+        conn.executemany("INSERT OR REPLACE INTO curves VALUES (?, ?, ?, ?)",
                          [(run.name, *row) for row in results["curves"]])
         conn.execute("UPDATE runs SET status='finished', finished=?, wall_seconds=?, train_seconds=?, "
                      "metrics_json=?, versions_json=? WHERE name=?",
@@ -428,16 +589,27 @@ def collect_results(exp: Experiment, run: Run) -> dict:
                 em = sum(scores[q][0] for q in qids) / max(len(qids), 1) * 100
                 f1 = sum(scores[q][1] for q in qids) / max(len(qids), 1) * 100
                 segments.append((name, seg_name, str(label), len(qids), em, f1))
-    curves = []
-    for line in (out / "train_log.jsonl").read_text(encoding="utf-8").splitlines():
-        r = json.loads(line)
-        curves.append(("loss", r["step"], r["loss"]))
-    if (out / "eval_log.jsonl").is_file():
-        for line in (out / "eval_log.jsonl").read_text(encoding="utf-8").splitlines():
-            r = json.loads(line)
-            name, value = task.main_metric(r)
-            curves.append((f"val_{name}", r["step"], value))
-    return {"metrics": metrics, "questions": questions, "segments": segments, "curves": curves}
+    curves = {}  # (kind, step) -> value: a step logged twice counts once, with its last value
+    for r in _log_records(out / "train_log.jsonl"):
+        curves["loss", r["step"]] = r["loss"]
+    for r in _log_records(out / "eval_log.jsonl"):
+        name, value = task.main_metric(r)
+        curves[f"val_{name}", r["step"]] = value
+    return {"metrics": metrics, "questions": questions, "segments": segments,
+            "curves": [(kind, step, value) for (kind, step), value in curves.items()]}
+
+
+def _log_records(path: Path) -> list[dict]:
+    """The records of a JSON-lines log (none if it is missing); a line cut short by a crash is skipped."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
 
 
 def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
@@ -461,10 +633,10 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
     with closing(sqlite3.connect(":memory:")) as work:
         dest_db = dest_dir / "experiment.sqlite"
         if dest_db.is_file():
-            with closing(sqlite3.connect(str(dest_db), timeout=60)) as d:
+            with closing(sqlite3.connect(str(dest_db), timeout=60)) as d, readable_store(dest_db):
                 d.backup(work)
         work.executescript(SCHEMA)
-        with closing(sqlite3.connect(str(src_db), timeout=60)) as src:
+        with closing(sqlite3.connect(str(src_db), timeout=60)) as src, readable_store(src_db):
             finished = src.execute("SELECT * FROM runs WHERE status = 'finished' ORDER BY name").fetchall()
             columns = [c[0] for c in src.execute("SELECT * FROM runs LIMIT 0").description]
             conflicts = []
@@ -509,7 +681,7 @@ def load_results(exp_dir, *, only: list[str] | None = None, baseline: str | None
     if not db.is_file():
         raise ConfigError(f"{exp_dir} holds no experiment.sqlite (run `posbias experiment run` first)")
     spec = load_yaml(Path(exp_dir) / "experiment.yaml") if (Path(exp_dir) / "experiment.yaml").is_file() else {}
-    with closing(sqlite3.connect(str(db))) as conn:
+    with closing(sqlite3.connect(str(db), timeout=60)) as conn, readable_store(db):
         conn.row_factory = sqlite3.Row
         runs = [dict(r) for r in conn.execute("SELECT * FROM runs ORDER BY name")]
         segments = [dict(r) for r in conn.execute("SELECT * FROM segments")]
