@@ -84,7 +84,11 @@ def score(data, predictions, na_probs=None, version: str = "auto", task: str = "
     Tagging: score a CoNLL predictions file against a gold file (options: see
     `posbias.tagging.metrics.score_files`)."""
     from .config import resolve_path
+    from .errors import DataError
 
+    for path in (predictions, na_probs):
+        if path is not None and not Path(path).is_file():
+            raise DataError(path, None, f"cannot read file: {'not a file' if Path(path).exists() else 'no such file'}")
     if task == "qa":
         from .qa.metrics import score_files
 
@@ -124,12 +128,40 @@ def explain_attention(model, question: str, context: str, output_dir, answer: st
 
 def export(model, out_dir) -> Path:
     """posbias checkpoint -> Hugging Face AutoModelForQuestionAnswering (QA, `independent` head) or
-    AutoModelForTokenClassification (tagging) folder."""
+    AutoModelForTokenClassification (tagging) folder.
+
+    `out_dir` must be new (or an empty folder) and outside the checkpoint: an export never writes
+    over anything. It is written beside `out_dir` under a temporary name and renamed when complete,
+    so a failed export leaves no half-written folder.
+    """
+    import os
+    import secrets
+    import shutil
+
+    src, out = Path(model).resolve(), Path(out_dir).resolve()
+    if out == src or src in out.parents:
+        raise ConfigError(f"export: {out_dir} is inside the checkpoint {model} being exported; "
+                          "choose a new folder")
+    if out.is_dir() and any(out.iterdir()):
+        raise ConfigError(f"export: {out_dir} is a folder that is not empty; choose a new folder")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"export: {out_dir} already exists (a file); choose a new folder")
     if _task_of(model, None) == "qa":
         from .qa.model import export_hf
     else:
         from .tagging.model import export_hf
-    return export_hf(model, out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp-{secrets.token_hex(4)}")
+    tmp.mkdir()
+    try:
+        export_hf(model, tmp)
+        if out.is_dir():  # the empty folder the user made for it
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Path(out_dir)
 
 
 def data_stats(data, output_dir=None, **options) -> dict:

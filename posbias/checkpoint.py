@@ -6,17 +6,19 @@ folders, so models trained elsewhere can be evaluated and diagnosed here.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 from pathlib import Path
 
 from .config import RunConfig, load_config, save_config
-from .encoders import local_dir
+from .encoders import WEIGHTS, local_dir
 from .errors import ConfigError
-from .utils import atomic_write_json
+from .utils import atomic_write_json, replace_dir
 
 CHECKPOINT_CONFIG = "posbias.yaml"
-WEIGHTS = "model.safetensors"
 MODEL_META = "posbias_model.json"
+ENCODER_CONFIG = "config.json"
 
 
 def save_checkpoint(model, cfg: RunConfig, tokenizer, out_dir, extra: dict | None = None) -> None:
@@ -35,39 +37,92 @@ def save_checkpoint(model, cfg: RunConfig, tokenizer, out_dir, extra: dict | Non
 
 
 def is_posbias_checkpoint(path) -> bool:
-    return (Path(path) / CHECKPOINT_CONFIG).is_file() and (Path(path) / WEIGHTS).is_file()
+    """A folder save_checkpoint wrote (complete or not: `read_posbias_files` names what is missing)."""
+    return any((Path(path) / f).is_file() for f in (CHECKPOINT_CONFIG, MODEL_META))
+
+
+def one_line(e) -> str:
+    return " ".join(str(e).split())
+
+
+def read_posbias_files(path) -> tuple[RunConfig, dict]:
+    """(run config, model metadata) of a posbias checkpoint, after checking that all its files are
+    there; any problem is one error naming the file."""
+    root = Path(path)
+    for f in (CHECKPOINT_CONFIG, MODEL_META, ENCODER_CONFIG, WEIGHTS):
+        if not (root / f).is_file():
+            raise ConfigError(f"{root / f} is missing: {path} is an incomplete posbias checkpoint")
+    try:
+        cfg = load_config(root / CHECKPOINT_CONFIG)
+    except ConfigError as e:  # name the file once, on one line
+        msg, file = one_line(e), str(root / CHECKPOINT_CONFIG)
+        raise ConfigError(msg if file in msg else f"{file}: {msg}") from None
+    try:
+        meta = json.loads((root / MODEL_META).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{root / MODEL_META}: not valid JSON ({one_line(e)})") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{root / MODEL_META}: top level must be an object")
+    return cfg, meta
+
+
+def read_encoder_config(path):
+    """The transformers config of a model folder; a missing or unreadable config.json is named."""
+    from transformers import AutoConfig
+
+    file = Path(path) / ENCODER_CONFIG
+    if not file.is_file():
+        raise ConfigError(f"{path} is neither a posbias checkpoint ({CHECKPOINT_CONFIG}) nor a Hugging Face "
+                          f"model folder: {file} is missing")
+    try:
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{file}: {one_line(e)}") from None
 
 
 def load_checkpoint(path, map_location="cpu", task: str | None = None):
     """(model, tokenizer, run config) of a posbias checkpoint or a Hugging Face task folder.
 
+    Before any weight is read, the folder's files are checked to belong together: tokenizer files
+    present and within the embedding table, config.json readable, every tensor of the weights file
+    (from its header) named and shaped as config.json and posbias_model.json describe.
+
     Args:
         task: the task the caller expects (`qa`, `tagging`); a checkpoint of another task is an error.
     """
     from safetensors.torch import load_file
-    from transformers import AutoConfig
 
+    from .encoders import check_vocab_fits, check_weights_file, first_shape_error, weight_shapes
     from .tasks import all_tasks, get_task
 
     path = str(path)
-    local_dir(path, "checkpoint")
+    path = local_dir(path, "checkpoint")
     if is_posbias_checkpoint(path):
-        cfg = load_config(Path(path) / CHECKPOINT_CONFIG)
+        cfg, meta = read_posbias_files(path)
         if task is not None and cfg.task != task:
             raise ConfigError(f"{path} is a {cfg.task} checkpoint, not a {task} one")
-        meta = json.loads((Path(path) / MODEL_META).read_text(encoding="utf-8"))
-        model, tokenizer = get_task(cfg.task).load_model(path, cfg, meta)
-        model.load_state_dict(load_file(str(Path(path) / WEIGHTS), device=str(map_location)))
+        read_encoder_config(path)  # named errors before the task model reads it
+        try:
+            model, tokenizer = get_task(cfg.task).load_model(path, cfg, meta)
+        except KeyError as e:  # a fact the task model needs
+            raise ConfigError(f"{Path(path) / MODEL_META}: no {e} entry") from None
+        file = Path(path) / WEIGHTS
+        wrong = first_shape_error({k: v.shape for k, v in model.state_dict().items()}, weight_shapes(file), file,
+                                  f"{ENCODER_CONFIG} and {MODEL_META}")
+        if wrong:
+            raise ConfigError(wrong)
+        check_vocab_fits(tokenizer, model.encoder, path)
+        model.load_state_dict(load_file(str(file), device=str(map_location)))
         return model, tokenizer, cfg
-    try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path} is neither a posbias checkpoint nor a Hugging Face model folder: {e}") from None
+    config = read_encoder_config(path)
     archs = config.architectures or []
     tasks = [t for t in all_tasks() if task in (None, t.name)]
     for t in tasks:
         if any(a.endswith(t.hf_suffix) for a in archs):
-            return t.load_hf(path, config)
+            check_weights_file(path)
+            model, tokenizer, cfg = t.load_hf(path, config)
+            check_vocab_fits(tokenizer, model.encoder, path)
+            return model, tokenizer, cfg
     wanted = " or ".join(f"*{t.hf_suffix}" for t in tasks)
     raise ConfigError(f"{path}: config.json architectures {archs} has no {wanted} model; to train from a "
                       f"bare encoder use `posbias train {task or 'TASK'}` with model.name_or_path")
@@ -90,6 +145,71 @@ def eval_config(model_cfg: RunConfig, overrides) -> RunConfig:
     return cfg
 
 
+def check_max_seq_len(model, cfg: RunConfig) -> None:
+    """Refuse a `data.max_seq_len` whose windows would index past the encoder's position table
+    (otherwise an IndexError deep inside the encoder). Training calls it on the model it builds,
+    evaluation, prediction and diagnosis on the checkpoint they load."""
+    n_pos = getattr(model.encoder.config, "max_position_embeddings", None)
+    base = getattr(model, "position_base", 0)
+    offset = getattr(model, "position_offset", 0)  # positions a head puts before the tokens (DyReF: 2)
+    if n_pos is not None and base + cfg.data.max_seq_len + offset > n_pos:
+        extra = f" + {offset} positions of model.head {cfg.model.head!r}" if offset else ""
+        raise ConfigError(f"data.max_seq_len ({cfg.data.max_seq_len}) + first position id ({base}){extra} "
+                          f"exceeds the encoder's max_position_embeddings ({n_pos})")
+
+
+def load_for_eval(model, overrides, task: str):
+    """(net, tokenizer, run config) for evaluating, predicting or diagnosing a checkpoint: its config
+    with the overrides (`eval_config`), checked by the same rules as training."""
+    net, tokenizer, mcfg = load_checkpoint(model, task=task)
+    cfg = eval_config(mcfg, overrides)
+    check_max_seq_len(net, cfg)
+    return net, tokenizer, cfg
+
+
+# What evaluate / predict / diagnose write into an output folder. An existing folder holding only
+# these (a previous output) is replaced whole; one holding anything else is the user's, and refused.
+OUTPUT_NAMES = frozenset({
+    "predictions.json", "nbest.json", "null_odds.json", "metrics.json", "predictions.conll", "predictions.jsonl",
+    "config.yaml", "run_info.json", "eval", "diagnosis.md", "diagnosis.html", "diagnosis.json",
+    "f1_by_position.png", "position_updates.png", "position_curves.png", "per_class.png", "length_density.png",
+    "class_positions.png"})
+
+
+@contextlib.contextmanager
+def staged_output(output_dir):
+    """Yield a fresh `<output_dir>.tmp` folder to write a command's outputs into; when the block
+    ends normally it replaces `output_dir` whole (`replace_dir`, as training's `eval/`), so a run
+    killed mid-write leaves the previous outputs as they were, never a mix. None yields None."""
+    if output_dir is None:
+        yield None
+        return
+    final = Path(output_dir).resolve()  # a symlinked folder: its target is replaced, the link kept
+    if final.exists() and not final.is_dir():
+        raise ConfigError(f"{output_dir}: the output folder is an existing file; give a folder path")
+    if final == Path.cwd().resolve() or final in Path.cwd().resolve().parents:
+        raise ConfigError(f"{output_dir}: the output folder holds the working folder; give a new folder")
+    if final.is_dir():
+        foreign = sorted(x.name for x in final.iterdir() if x.name not in OUTPUT_NAMES
+                         and not (x.name.startswith(".") and x.name.endswith(".tmp")))  # atomic_write leftovers
+        if foreign:
+            raise ConfigError(f"{output_dir}: the output folder holds {foreign[0]!r}, which posbias did not write; "
+                              "outputs replace the folder whole, so give a new or empty folder")
+    tmp = final.with_name(final.name + ".tmp")
+    try:
+        if tmp.exists():  # left by a killed run
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise ConfigError(f"{output_dir}: cannot create the output folder ({e.strerror or e})") from None
+    try:
+        yield tmp
+        replace_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def write_run_meta(output_dir, cfg: RunConfig, command: str, model, data, t0: float, skipped=()) -> None:
     """config.yaml + run_info.json next to an evaluation's or prediction's outputs."""
     import time
@@ -105,20 +225,13 @@ def write_run_meta(output_dir, cfg: RunConfig, command: str, model, data, t0: fl
 
 def checkpoint_task(path) -> str:
     """The task (`qa`, `tagging`) of a posbias checkpoint or a Hugging Face task folder."""
-    import yaml
-    from transformers import AutoConfig
-
     from .tasks import all_tasks
 
     path = str(path)
-    local_dir(path, "--model")
+    path = local_dir(path, "--model")
     if is_posbias_checkpoint(path):
-        d = yaml.safe_load((Path(path) / CHECKPOINT_CONFIG).read_text(encoding="utf-8")) or {}
-        return d.get("task", "qa")
-    try:
-        archs = AutoConfig.from_pretrained(path, local_files_only=True).architectures or []
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path} is neither a posbias checkpoint nor a Hugging Face model folder: {e}") from None
+        return read_posbias_files(path)[0].task
+    archs = read_encoder_config(path).architectures or []
     for t in all_tasks():
         if any(a.endswith(t.hf_suffix) for a in archs):
             return t.name
@@ -129,18 +242,18 @@ def checkpoint_task(path) -> str:
 def evaluate_file(model, data, output_dir, overrides, task: str, evaluate, progress: bool = True) -> dict:
     """`posbias evaluate`: load a checkpoint, read `data` with its config (+ overrides), run
     `evaluate(net, tokenizer, cfg, dataset, output_dir, progress=...)`, write the run's config,
-    seed and versions next to the outputs."""
+    seed and versions next to the outputs (all through `staged_output`)."""
     import time
 
     from .tasks import get_task
 
-    net, tokenizer, mcfg = load_checkpoint(model, task=task)
-    cfg = eval_config(mcfg, overrides)
-    ds = get_task(task).read(data, cfg)
-    if cfg.data.max_eval_examples:
-        ds.examples = ds.examples[: cfg.data.max_eval_examples]
-    t0 = time.time()
-    result = evaluate(net, tokenizer, cfg, ds, output_dir, progress=progress)
-    if output_dir is not None:
-        write_run_meta(output_dir, cfg, "evaluate", model, ds.path, t0, skipped=ds.skipped)
+    with staged_output(output_dir) as out:
+        net, tokenizer, cfg = load_for_eval(model, overrides, task)
+        ds = get_task(task).read(data, cfg)
+        if cfg.data.max_eval_examples:
+            ds.examples = ds.examples[: cfg.data.max_eval_examples]
+        t0 = time.time()
+        result = evaluate(net, tokenizer, cfg, ds, out, progress=progress)
+        if out is not None:
+            write_run_meta(out, cfg, "evaluate", model, ds.path, t0, skipped=ds.skipped)
     return result

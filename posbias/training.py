@@ -59,7 +59,7 @@ from tqdm.auto import tqdm
 
 from .analysis.updates import PositionUpdateCounter
 from .batching import batch_order, move
-from .checkpoint import MODEL_META, save_checkpoint
+from .checkpoint import MODEL_META, check_max_seq_len, save_checkpoint
 from .config import RunConfig, load_config, save_config
 from .errors import ConfigError, TrainingError
 from .perturb import perturbations_by_mode, training_passes
@@ -196,12 +196,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     # ---- model, optimizer, schedule
     set_seed(t.seed)  # head initialisation independent of how much data was read
     model = task.build_model(cfg, tokenizer, train_ds)
-    n_pos = getattr(model.encoder.config, "max_position_embeddings", None)
-    offset = getattr(model, "position_offset", 0)  # positions a head puts before the tokens (DyReF: 2)
-    if n_pos is not None and model.position_base + d.max_seq_len + offset > n_pos:
-        extra = f" + {offset} positions of model.head {cfg.model.head!r}" if offset else ""
-        raise ConfigError(f"data.max_seq_len ({d.max_seq_len}) + first position id ({model.position_base}){extra} "
-                          f"exceeds the encoder's max_position_embeddings ({n_pos})")
+    check_max_seq_len(model, cfg)  # the same rule evaluation, prediction and diagnosis apply
     replace, augment = perturbations_by_mode(cfg.perturb, cfg)  # see posbias.perturb for the modes
     for p in replace + augment:
         if hasattr(p, "bind"):

@@ -66,13 +66,24 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
     diagnosis.md / .json, F1 by answer-position quartile (gold and predicted, Table 1), S_X^(1) vs
     S_X^(2) for each X (App. C), EM/F1 by gold answer length (MaP Fig. 6), an F1-by-position plot
     and, for a posbias run, the position-embedding update plot (§2.3)."""
-    from ..checkpoint import eval_config, load_checkpoint
+    from ..checkpoint import staged_output
+
+    # Everything goes through a temporary folder, renamed when complete (`staged_output`).
+    with staged_output(output_dir) as out:
+        return _diagnose(model, data, out, Path(output_dir), xs, overrides, progress)
+
+
+def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress) -> dict:
+    """`diagnose`, writing into `out`, which becomes `final` when complete."""
+    import time
+
+    from ..checkpoint import eval_config, load_checkpoint, write_run_meta
     from ..utils import atomic_write_json, atomic_write_text
     from . import metrics as M
     from .evaluate import evaluate_checkpoint
     from .readers import read_dataset
 
-    out = Path(output_dir)
+    t0 = time.time()
     result = evaluate_checkpoint(model, data, out / "eval", overrides=overrides, progress=progress)
     _, tokenizer, mcfg = load_checkpoint(model, task="qa")
     cfg = eval_config(mcfg, overrides)
@@ -115,6 +126,7 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
     md += [f"![{p.stem}]({p.name})" for p in plots]
     atomic_write_text(out / "diagnosis.md", "\n".join(md) + "\n")
     summary = {"model": str(model), "data": ds.path, "metrics": result, "tables": tables,
-               "plots": [str(p) for p in plots]}
+               "plots": [str(final / p.name) for p in plots]}
     atomic_write_json(out / "diagnosis.json", summary)
+    write_run_meta(out, cfg, "diagnose qa", model, ds.path, t0, skipped=ds.skipped)
     return summary

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
-from posbias.errors import DataError
+from posbias.errors import ConfigError, DataError
 
 VERSIONS = ("1.1", "2.0")
 _PUNCT = frozenset(string.punctuation)
@@ -101,7 +101,7 @@ def per_question(
     """
     _check_version(version)
     if na_probs is not None and version != "2.0":
-        raise ValueError("na_probs only applies to SQuAD v2.0 scoring (version='2.0')")
+        raise ConfigError("--na-probs only applies to SQuAD v2.0 scoring (version='2.0'); the data is v1.1")
     scores = {}
     for qid, texts in gold.items():
         if qid not in predictions:
@@ -296,6 +296,10 @@ def _read_json_object(path, value_types, what):
             obj = json.load(f)
     except json.JSONDecodeError as e:
         raise DataError(path, None, f"not valid JSON ({e})") from e
+    except RecursionError:
+        raise DataError(path, None, "JSON nested too deeply to read") from None
+    except UnicodeDecodeError as e:
+        raise DataError(path, None, f"not UTF-8 text (byte {e.start})") from None
     if not isinstance(obj, dict):
         raise DataError(
             path, None, f"expected a JSON object mapping question id to {what}, "

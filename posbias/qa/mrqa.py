@@ -40,6 +40,10 @@ def parse_mrqa(path, text: str, on_bad_record: str = "error",
             collect([DataError(path, f"line {n}", f"not valid JSON: {e.msg} at column {e.colno}")],
                     on_bad_record, examples, skipped)
             continue
+        except RecursionError:  # json recurses once per nesting level
+            collect([DataError(path, f"line {n}", "not valid MRQA JSON: arrays or objects nested too deeply")],
+                    on_bad_record, examples, skipped)
+            continue
         if isinstance(record, dict) and "header" in record:
             header = record["header"]
             if version is None and isinstance(header, dict) and is_text(header.get("dataset")):

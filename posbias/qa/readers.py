@@ -17,8 +17,8 @@ def read_qa(path, on_bad_record: str = "error", check_offsets: bool = True) -> Q
     first = text.lstrip().split("\n", 1)[0]  # first non-empty line, without splitting the whole file
     try:
         head = json.loads(first)
-    except json.JSONDecodeError:
-        head = None  # pretty-printed SQuAD: its first line is a lone "{"
+    except (json.JSONDecodeError, RecursionError):
+        head = None  # pretty-printed SQuAD: its first line is a lone "{" (and parse_squad names other faults)
     # A whole JSON object on line one without "data" is an MRQA header or context line.
     if isinstance(head, dict) and "data" not in head:
         return parse_mrqa(path, text, on_bad_record, check_offsets)

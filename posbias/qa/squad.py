@@ -77,6 +77,8 @@ def _load_json(path: str, text: str):
     except json.JSONDecodeError as e:
         reason = f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
         raise DataError(path, None, reason) from None
+    except RecursionError:  # json recurses once per nesting level
+        raise DataError(path, None, "not valid SQuAD JSON: arrays or objects nested too deeply") from None
 
 
 def _article(path, article, i, seen, check_offsets) -> Iterator[QAExample | DataError]:

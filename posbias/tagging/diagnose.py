@@ -183,35 +183,34 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
              max_len: int | None = None, batch_tokens: int = 16_384, overrides=None, progress: bool = True) -> dict:
     """Position-bias diagnosis of a tagging checkpoint on `data` (see the module docstring).
     Returns the `position_eval` result with the paths written."""
-    from ..checkpoint import eval_config, load_checkpoint, write_run_meta
+    from ..checkpoint import load_for_eval, staged_output, write_run_meta
     from .duplicated import length_subset, position_eval
     from .stats import class_positions, plot_class_positions, plot_length_density
     from .task import read_for
 
     t0 = time.time()
-    net, tokenizer, mcfg = load_checkpoint(model, task="tagging")
-    cfg = eval_config(mcfg, overrides)
-    ds = read_for(data, cfg)
-    if cfg.data.max_eval_examples:
-        ds.examples = ds.examples[: cfg.data.max_eval_examples]
-    result = position_eval(net, tokenizer, ds, k_max=k_max, quantiles=tuple(quantiles) if quantiles else None,
-                           modes=tuple(modes), max_len=max_len, batch_tokens=batch_tokens, progress=progress)
-    result["model"] = str(model)
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    lengths = np.array([len(e.words) for e in ds.examples])
-    bounds = result["subset"].get("length_bounds")
-    data_plots = [("Sentence-length density (D* shaded)",
-                   plot_length_density({Path(ds.path).name: lengths}, out / "length_density.png",
-                                       {Path(ds.path).name: bounds} if bounds else None))]
-    subset, _ = length_subset(ds.examples, tuple(quantiles) if quantiles else None)
-    positions = class_positions(type(ds)(ds.path, ds.format, ds.scheme, subset))
-    if positions:
-        data_plots.append(("Class positions in D*",
-                           plot_class_positions(positions, out / "class_positions.png", "Class positions in D*")))
-    plots = write_report(result, out, f"Position diagnosis of `{model}`", data_plots)
-    write_run_meta(out, cfg, "diagnose tagging", model, ds.path, t0, skipped=ds.skipped)
-    result["plots"] = [str(p) for p in plots]
+    # Everything goes through a temporary folder, renamed when complete (`staged_output`).
+    with staged_output(output_dir) as out:
+        net, tokenizer, cfg = load_for_eval(model, overrides, "tagging")
+        ds = read_for(data, cfg)
+        if cfg.data.max_eval_examples:
+            ds.examples = ds.examples[: cfg.data.max_eval_examples]
+        result = position_eval(net, tokenizer, ds, k_max=k_max, quantiles=tuple(quantiles) if quantiles else None,
+                               modes=tuple(modes), max_len=max_len, batch_tokens=batch_tokens, progress=progress)
+        result["model"] = str(model)
+        lengths = np.array([len(e.words) for e in ds.examples])
+        bounds = result["subset"].get("length_bounds")
+        data_plots = [("Sentence-length density (D* shaded)",
+                       plot_length_density({Path(ds.path).name: lengths}, out / "length_density.png",
+                                           {Path(ds.path).name: bounds} if bounds else None))]
+        subset, _ = length_subset(ds.examples, tuple(quantiles) if quantiles else None)
+        positions = class_positions(type(ds)(ds.path, ds.format, ds.scheme, subset))
+        if positions:
+            data_plots.append(("Class positions in D*",
+                               plot_class_positions(positions, out / "class_positions.png", "Class positions in D*")))
+        plots = write_report(result, out, f"Position diagnosis of `{model}`", data_plots)
+        write_run_meta(out, cfg, "diagnose tagging", model, ds.path, t0, skipped=ds.skipped)
+    result["plots"] = [str(Path(output_dir) / p.name) for p in plots]
     return result
 
 

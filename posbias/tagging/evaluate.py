@@ -151,35 +151,36 @@ def predict_checkpoint(model, text: str | None = None, data=None, output_dir=Non
     {"type", "start_char", "end_char", "text", "words": [first, last + 1]}. With `output_dir`, also
     writes predictions.conll and predictions.jsonl.
     """
-    from ..checkpoint import eval_config, load_checkpoint, write_run_meta
+    from ..checkpoint import load_for_eval, staged_output, write_run_meta
     from .task import read_for
 
     if (text is None) == (data is None):
         raise ConfigError("predict tagging needs either text or data")
-    net, tokenizer, mcfg = load_checkpoint(model, task="tagging")
-    cfg = eval_config(mcfg, overrides)
-    t0 = time.time()
-    spans, skipped = None, []
-    if data is not None:
-        ds = read_for(data, cfg)
-        examples, source, skipped = ds.examples, ds.path, ds.skipped
-    else:
-        words, spans = split_words(text)
-        if not words:
-            raise ConfigError("text has no words to tag")
-        examples, source = [TaggingExample("text", words)], "<command line>"
-    preds = predict_examples(net, tokenizer, cfg, examples, source=source, progress=progress)
-    result = {}
-    for e, p in zip(examples, preds):
-        ents = metrics.entities([p], net.scheme)[0] if net.scheme != "none" else []
-        items = [{"type": t, "words": [a, b], "text": " ".join(e.words[a:b])} for t, a, b in ents]
-        if spans is not None:
-            for item, (t, a, b) in zip(items, ents):
-                item.update(start_char=spans[a][0], end_char=spans[b - 1][1], text=text[spans[a][0]:spans[b - 1][1]])
-        result[e.id] = {"words": e.words, "tags": p, "entities": items}
-    if output_dir is not None:
-        write_predictions(output_dir, [TaggingExample(e.id, e.words) for e in examples], preds)
-        atomic_write_text(Path(output_dir) / "predictions.jsonl",
-                          "".join(json.dumps({"id": k, **v}, ensure_ascii=False) + "\n" for k, v in result.items()))
-        write_run_meta(output_dir, cfg, "predict", model, source, t0, skipped=skipped)
+    with staged_output(output_dir) as out:
+        net, tokenizer, cfg = load_for_eval(model, overrides, "tagging")
+        t0 = time.time()
+        spans, skipped = None, []
+        if data is not None:
+            ds = read_for(data, cfg)
+            examples, source, skipped = ds.examples, ds.path, ds.skipped
+        else:
+            words, spans = split_words(text)
+            if not words:
+                raise ConfigError("text has no words to tag")
+            examples, source = [TaggingExample("text", words)], "<command line>"
+        preds = predict_examples(net, tokenizer, cfg, examples, source=source, progress=progress)
+        result = {}
+        for e, p in zip(examples, preds):
+            ents = metrics.entities([p], net.scheme)[0] if net.scheme != "none" else []
+            items = [{"type": t, "words": [a, b], "text": " ".join(e.words[a:b])} for t, a, b in ents]
+            if spans is not None:
+                for item, (t, a, b) in zip(items, ents):
+                    item.update(start_char=spans[a][0], end_char=spans[b - 1][1],
+                                text=text[spans[a][0]:spans[b - 1][1]])
+            result[e.id] = {"words": e.words, "tags": p, "entities": items}
+        if out is not None:
+            write_predictions(out, [TaggingExample(e.id, e.words) for e in examples], preds)
+            atomic_write_text(out / "predictions.jsonl", "".join(json.dumps({"id": k, **v}, ensure_ascii=False) + "\n"
+                                                                for k, v in result.items()))
+            write_run_meta(out, cfg, "predict", model, source, t0, skipped=skipped)
     return result
