@@ -177,10 +177,11 @@ OUTPUT_NAMES = frozenset({
 
 
 @contextlib.contextmanager
-def staged_output(output_dir):
+def staged_output(output_dir, names=OUTPUT_NAMES):
     """Yield a fresh `<output_dir>.tmp` folder to write a command's outputs into; when the block
     ends normally it replaces `output_dir` whole (`replace_dir`, as training's `eval/`), so a run
-    killed mid-write leaves the previous outputs as they were, never a mix. None yields None."""
+    killed mid-write leaves the previous outputs as they were, never a mix. None yields None.
+    `names`: what the command writes; a folder holding anything else is refused, not replaced."""
     if output_dir is None:
         yield None
         return
@@ -190,7 +191,7 @@ def staged_output(output_dir):
     if final == Path.cwd().resolve() or final in Path.cwd().resolve().parents:
         raise ConfigError(f"{output_dir}: the output folder holds the working folder; give a new folder")
     if final.is_dir():
-        foreign = sorted(x.name for x in final.iterdir() if x.name not in OUTPUT_NAMES
+        foreign = sorted(x.name for x in final.iterdir() if x.name not in names
                          and not (x.name.startswith(".") and x.name.endswith(".tmp")))  # atomic_write leftovers
         if foreign:
             raise ConfigError(f"{output_dir}: the output folder holds {foreign[0]!r}, which posbias did not write; "

@@ -263,3 +263,33 @@ def test_cli_train_tagging_on_a_json_file(tmp_path):
     r = run_cli("train", "tagging", "-c", "tiny_tagging", f"data.train_file={squad}",
                 f"train.output_dir={tmp_path / 'o'}")
     assert r.returncode == 2 and "this is JSON" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+# ---- 7. `data build` writes its set through a staged folder too
+
+def test_data_build_killed_midway_leaves_the_previous_build(tmp_path, monkeypatch):
+    import posbias.qa.truncate as truncate
+
+    out = tmp_path / "d"
+    truncate.build_dataset([DEMO_DEV], out, split=True, seed=4, sample=20)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    calls = {"n": 0}
+    import posbias.utils as utils
+
+    original = utils.atomic_write_json
+
+    def dies_after_first_file(path, obj, indent=2):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # killed after writing val.json of the new build
+        return original(path, obj, indent)
+
+    monkeypatch.setattr(utils, "atomic_write_json", dies_after_first_file)
+    with pytest.raises(KeyboardInterrupt):
+        truncate.build_dataset([DEMO_DEV], out, split=True, seed=5, sample=30)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no mix of two builds
+    assert not (tmp_path / "d.tmp").exists()
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
+    monkeypatch.setattr(utils, "atomic_write_json", original)
+    with pytest.raises(ConfigError, match="holds 'notes.txt', which posbias did not write"):
+        truncate.build_dataset([DEMO_DEV], out, split=True, seed=5, sample=30)

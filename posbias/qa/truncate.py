@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import replace
+from pathlib import Path
 
 from .examples import QAExample
 
@@ -117,11 +118,9 @@ def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_rang
     """Read SQuAD/MRQA file(s), truncate, optionally split into val/test halves, write SQuAD JSON
     plus a statistics table (stats.md, stats.json). `sample` keeps a seeded random subset of that many
     instances of each written part (in file order), for CPU-sized experiments. Returns the statistics."""
-    from pathlib import Path
-
+    from ..checkpoint import staged_output
     from ..errors import ConfigError
     from .readers import read_dataset
-    from ..utils import atomic_write_json, atomic_write_text
 
     if truncate is not None and truncate_range is not None:
         raise ConfigError("choose --truncate L or --truncate-range L1 L2, not both")
@@ -145,7 +144,14 @@ def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_rang
         if sample <= 0:
             raise ConfigError(f"--sample must be positive, got {sample}")
         parts = {part: sample_examples(exs, sample, seed) for part, exs in parts.items()}
-    out = Path(out_dir)
+    with staged_output(out_dir, {"stats.md", "stats.json", *(f"{part}.json" for part in parts)}) as out:
+        return _write_build(out, parts, inputs, label, seed, n_read, before, available, sample)
+
+
+def _write_build(out: Path, parts: dict, inputs, label, seed, n_read, before, available, sample) -> dict:
+    """The split files, stats.md and stats.json of `build_dataset`, into the staged folder `out`."""
+    from ..utils import atomic_write_json, atomic_write_text
+
     stats = {"inputs": [str(p) for p in inputs], "label": label, "seed": seed, "read": n_read,
              "excluded_ambiguous": n_read - before["instances"], "before_truncation": before,
              "available": available, "sample": sample, "splits": {}}

@@ -155,9 +155,13 @@ def data_stats(data, output_dir=None, *, format: str = "auto", tag: str = "upos"
     datasets = [read_tagging(resolve_path(str(p)), format=format, tag=tag, tag_column=tag_column, scheme=scheme,
                              word_column=word_column) for p in paths]
     stats = [dataset_stats(d) for d in datasets]
-    if output_dir is not None:
-        out = Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
+    if output_dir is None:
+        md = markdown(stats)
+        return {"files": stats, "markdown": md}
+    from ..checkpoint import staged_output
+
+    written = {"stats.md", "stats.json", "length_density.png", *(f"class_positions_{i + 1}.png" for i in range(len(paths)))}
+    with staged_output(output_dir, written) as out:  # the whole set replaces the folder's, or nothing does
         names = [f"{i + 1}: {Path(str(p)).name}" for i, p in enumerate(paths)]
         density = plot_length_density({n: np.array([len(e.words) for e in d.examples]) for n, d in zip(names, datasets)},
                                       out / "length_density.png")
@@ -167,8 +171,7 @@ def data_stats(data, output_dir=None, *, format: str = "auto", tag: str = "upos"
             if pos:
                 f = plot_class_positions(pos, out / f"class_positions_{i + 1}.png", f"Class positions, {n}")
                 s["plots"].append(("Class positions", f.name))
-    md = markdown(stats)
-    if output_dir is not None:
-        atomic_write_text(Path(output_dir) / "stats.md", md)
-        atomic_write_json(Path(output_dir) / "stats.json", stats)
+        md = markdown(stats)
+        atomic_write_text(out / "stats.md", md)
+        atomic_write_json(out / "stats.json", stats)
     return {"files": stats, "markdown": md}
