@@ -35,6 +35,7 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--cp-max-len", type=int, default=None, help="CP's M (default: the model's position table)")
     ap.add_argument("--k-max", type=int, default=10)
     ap.add_argument("--seed", type=int, default=42)
     args = ap.parse_args(argv)
@@ -62,7 +63,8 @@ def main(argv=None):
     if args.method == "rpp":  # posbias
         collator = posbias.hf.PositionShiftCollator(collator, model, tokenizer, method="rpp", mode=args.mode, seed=args.seed)
     elif args.method == "cp":  # posbias
-        collator = posbias.hf.ContextPerturbationCollator(collator, model, tokenizer, mode=args.mode, seed=args.seed)
+        collator = posbias.hf.ContextPerturbationCollator(collator, model, tokenizer, max_len=args.cp_max_len,
+                                                          mode=args.mode, seed=args.seed)
 
     training_args = TrainingArguments(
         output_dir=args.out, max_steps=args.max_steps, learning_rate=args.lr, per_device_train_batch_size=args.batch_size,
