@@ -137,6 +137,7 @@ def eval_config(model_cfg: RunConfig, overrides) -> RunConfig:
 
     d = model_cfg.to_dict()
     d["data"]["max_eval_examples"] = None
+    d["train"]["device"] = "auto"  # where the model trained says nothing about where it is evaluated
     if "length_quantiles" in d["data"]:  # a tagging run trained on D*: other files are read whole
         d["data"]["length_quantiles"] = None
     cfg = build_config(d, overrides)
@@ -161,10 +162,12 @@ def check_max_seq_len(model, cfg: RunConfig) -> None:
 def load_for_eval(model, overrides, task: str):
     """(net, tokenizer, run config) for evaluating, predicting or diagnosing a checkpoint: its config
     with the overrides (`eval_config`), checked by the same rules as training."""
+    from .devices import resolve_device
+
     net, tokenizer, mcfg = load_checkpoint(model, task=task)
     cfg = eval_config(mcfg, overrides)
     check_max_seq_len(net, cfg)
-    return net, tokenizer, cfg
+    return net.to(resolve_device(cfg.train.device)), tokenizer, cfg
 
 
 # What evaluate / predict / diagnose write into an output folder. An existing folder holding only
@@ -215,13 +218,14 @@ def write_run_meta(output_dir, cfg: RunConfig, command: str, model, data, t0: fl
     """config.yaml + run_info.json next to an evaluation's or prediction's outputs."""
     import time
 
+    from .devices import describe, resolve_device
     from .utils import now_iso, versions
 
     save_config(cfg, Path(output_dir) / "config.yaml")
     atomic_write_json(Path(output_dir) / "run_info.json", {
         "command": command, "model": str(model), "data": str(data), "finished": now_iso(),
         "seconds": round(time.time() - t0, 2), "skipped_records": len(skipped), "skipped": list(skipped)[:100],
-        "seed": cfg.train.seed, "versions": versions()})
+        "seed": cfg.train.seed, "versions": versions(), "hardware": describe(resolve_device(cfg.train.device))})
 
 
 def checkpoint_task(path) -> str:

@@ -38,6 +38,14 @@ def _tagging_format_args(p):
                    help="tag scheme of the gold file (none = POS-style labels)")
 
 
+DEVICE_HELP = ("where the model runs: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda, cuda:N, mps; "
+               "the same as the override train.device=...")
+
+
+def _device_arg(p):
+    p.add_argument("--device", default=None, help=DEVICE_HELP)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="posbias", description=(
         "Train, evaluate and diagnose extractive QA and token-classification (NER, POS) models with "
@@ -47,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     for p in _tasks(sub, "train", "train a model").values():
         p.add_argument("-c", "--config", required=True, help="YAML file or preset name (demo, tiny, conll2003_minilm, ...)")
         p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.lr=1e-4")
+        _device_arg(p)
         p.add_argument("--resume", nargs="?", const="auto", default=None,
                        help="continue from a checkpoint folder (default: <output_dir>/checkpoints/last)")
         p.add_argument("--overwrite", action="store_true", help="start afresh in an output_dir that holds a run")
@@ -57,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                        else "CoNLL / CoNLL-U file (or several shards)")
         p.add_argument("--output-dir", default=None, help="write predictions and metrics.json here")
         p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=256")
+        _device_arg(p)
 
     ps = _tasks(sub, "predict", "predict with a checkpoint")
     p = ps["qa"]
@@ -67,12 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=None)
     p.add_argument("--n-best", type=int, default=None, help="candidates to list (default decode.n_best)")
     p.add_argument("overrides", nargs="*")
+    _device_arg(p)
     p = ps["tagging"]
     _model_arg(p)
     p.add_argument("--text", help="raw text: split into words, tagged, entities with character offsets")
     p.add_argument("--data", help="tag every sentence of this CoNLL / CoNLL-U file instead")
     p.add_argument("--output-dir", default=None, help="write predictions.conll and predictions.jsonl here")
     p.add_argument("overrides", nargs="*")
+    _device_arg(p)
 
     ps = _tasks(sub, "diagnose", "position-bias analyses of a model")
     p = ps["qa"]
@@ -81,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", required=True)
     p.add_argument("--x", type=int, nargs="+", default=[100], help="X of the S_X(1)/S_X(2) split, in tokens")
     p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=512")
+    _device_arg(p)
     p = ps["tagging"]
     _model_arg(p, "posbias checkpoint or Hugging Face *ForTokenClassification folder")
     p.add_argument("--data", required=True, help="the test split (CoNLL / CoNLL-U) with gold tags")
@@ -93,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, default=None, help="tokens per input (default: the model's position table)")
     p.add_argument("--batch-tokens", type=int, default=16_384, help="padded tokens per forward batch")
     p.add_argument("overrides", nargs="*", help="data overrides, e.g. data.format=conll data.tag=xpos")
+    _device_arg(p)
 
     ps = _tasks(sub, "score", "score a predictions file without a model")
     p = ps["qa"]
@@ -138,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave the runs other processes are training to them and return (default: wait "
                         "for them, taking over any whose process dies); any number of `experiment run` "
                         "processes may share one folder")
+    q.add_argument("--device", default=None, help=DEVICE_HELP)
     q = ex.add_parser("copy", help="copy finished runs' results (no checkpoints) into another experiment folder")
     q.add_argument("src", help="experiment folder holding experiment.sqlite")
     q.add_argument("dest", help="folder to archive into, restore into, or join with (created if missing)")
@@ -176,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="fine-tune MiniLM on the bundled SQuAD slice and evaluate it")
     p.add_argument("--output-dir", default=None, help="default runs/demo")
     p.add_argument("overrides", nargs="*")
+    _device_arg(p)
     return ap
 
 
@@ -235,7 +251,7 @@ def run(args) -> int:
     elif args.command == "experiment" and args.action == "run":
         res = api.experiment_run(args.spec, args.output_dir, launcher=args.launcher,
                                  accelerate_args=args.accelerate_args, dry_run=args.dry_run, force=args.force,
-                                 only=args.only, wait=args.wait)
+                                 only=args.only, wait=args.wait, device=args.device)
         if args.dry_run:
             for r in res["runs"]:
                 print(f"{r['name']}\t{r['config_hash']}\t{r['command']}")
@@ -289,6 +305,8 @@ def main(argv=None) -> int:
         if not hasattr(args, "overrides") or not all("=" in x and not x.startswith("-") for x in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = list(args.overrides or []) + extra
+    if getattr(args, "device", None) is not None and hasattr(args, "overrides"):  # --device X = train.device=X
+        args.overrides = list(args.overrides or []) + [f"train.device={args.device}"]
     try:
         return run(args)
     except PosbiasError as e:

@@ -12,6 +12,7 @@ from typing import Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from .devices import check_device_spec
 from .errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -79,6 +80,10 @@ class TrainConfig:
     """Windows per batch at evaluation."""
     num_threads: int | None = None
     """torch intra-op threads (CPU); default leaves torch's choice."""
+    device: str = "auto"
+    """Where the model runs for training and for evaluation, prediction and diagnosis: `auto` (the
+    GPU when torch sees one, else the CPU), `cpu`, `cuda`, `cuda:N`, `mps`. Not part of the config
+    hash: it does not change what an experiment run is."""
 
 
 # Config keys added after experiments were recorded: at these values they change nothing, and are
@@ -99,6 +104,7 @@ class RunConfig:
         default that keeps their old behaviour, so recorded experiment runs keep their hashes)."""
         d = self.to_dict()
         d["train"].pop("output_dir", None)
+        d["train"].pop("device", None)
         for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
             if section in d and key in d[section] and d[section][key] == default:
                 del d[section][key]
@@ -283,6 +289,7 @@ def validate(cfg: RunConfig) -> None:
             "model.position_embedding_type")
     choice(d.on_bad_record, ["error", "skip"], "data.on_bad_record")
     choice(t.mixed_precision, ["no", "bf16", "fp16"], "train.mixed_precision")
+    check_device_spec(t.device, "train.device")
     for key, v in [("data.max_seq_len", d.max_seq_len), ("train.batch_size", t.batch_size),
                    ("train.grad_accum", t.grad_accum), ("train.eval_batch_size", t.eval_batch_size),
                    ("train.log_every", t.log_every), ("train.group_batches", t.group_batches)]:

@@ -385,7 +385,8 @@ def plan(exp: Experiment, launcher: str = "local", accelerate_args: str = "") ->
 
 def run_experiment(spec, output_dir: str | None = None, *, launcher: str = "local",
                    accelerate_args: str = "", dry_run: bool = False, force: bool = False,
-                   progress: bool = True, only: list[str] | None = None, wait: bool = True) -> dict:
+                   progress: bool = True, only: list[str] | None = None, wait: bool = True,
+                   device: str | None = None) -> dict:
     """Run every unfinished run of the grid; finished runs are skipped, interrupted ones resumed.
 
     A run whose config changed since it was recorded is refused (all are checked before anything
@@ -400,6 +401,12 @@ def run_experiment(spec, output_dir: str | None = None, *, launcher: str = "loca
     if launcher not in ("local", "accelerate"):
         raise ConfigError(f"--launcher must be local or accelerate, got {launcher!r}")
     exp = load_experiment(spec, output_dir)
+    if device is not None:  # where runs train and are evaluated; not part of a run's config hash
+        from .devices import check_device_spec
+
+        check_device_spec(device, "--device")
+        for run in exp.runs:
+            run.config.train.device = device
     if only:
         picked = [r for r in exp.runs if any(fnmatchcase(r.name, p) for p in only)]
         if not picked:
@@ -563,15 +570,16 @@ def collect_results(exp: Experiment, run: Run) -> dict:
         target = out / "evals" / name
         if not (target / "metrics.json").is_file():
             # Eval sets are scored whole: data.max_eval_examples caps only the validation set.
-            task.evaluate_checkpoint(out / "best", path, target, overrides=["data.max_eval_examples=null"],
-                                     progress=False)
+            task.evaluate_checkpoint(out / "best", path, target, progress=False,
+                                     overrides=["data.max_eval_examples=null", f"train.device={run.config.train.device}"])
         sets[name] = (path, target)
     metrics, questions, segments = {}, {}, []
     for name, options in exp.position_eval.items():
         target = out / "position_eval" / name
         if not (target / "diagnosis.json").is_file():
             task.position_eval_checkpoint(out / "best", exp.eval_sets[name], target,
-                                          {k: v for k, v in options.items() if k != "alphas"})
+                                          {k: v for k, v in options.items() if k != "alphas"},
+                                          overrides=[f"train.device={run.config.train.device}"])
         result = json.loads((target / "diagnosis.json").read_text(encoding="utf-8"))
         metrics[f"{name} D*(k)"] = task.position_metrics(result, options.get("alphas", (5, 10)))
     for name, (path, folder) in sets.items():

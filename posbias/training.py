@@ -61,6 +61,7 @@ from .analysis.updates import PositionUpdateCounter
 from .batching import batch_order, move
 from .checkpoint import MODEL_META, check_max_seq_len, save_checkpoint
 from .config import RunConfig, load_config, save_config
+from . import devices
 from .errors import ConfigError, TrainingError
 from .perturb import perturbations_by_mode, training_passes
 from .tasks import get_task
@@ -70,7 +71,7 @@ from .utils import atomic_write_json, atomic_write_text, now_iso, recover_dir, r
 # Keys that may change when a run is resumed (extending or re-scheduling it); anything else must
 # equal the checkpoint's config, or the resumed run would silently be a different experiment.
 RESUMABLE_CHANGES = {"epochs", "max_steps", "eval_every", "log_every", "save_every", "output_dir",
-                     "num_threads", "eval_batch_size"}
+                     "num_threads", "eval_batch_size", "device"}
 
 
 def _param_groups(model, weight_decay: float):
@@ -175,7 +176,8 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         torch.set_num_threads(t.num_threads)
 
     # Without CUDA, accelerate only joins a torchrun/`accelerate launch` process group when told cpu=True.
-    acc = Accelerator(mixed_precision=t.mixed_precision, cpu=not torch.cuda.is_available())
+    device = devices.resolve_device(t.device)
+    acc = Accelerator(mixed_precision=t.mixed_precision, cpu=device.type == "cpu")
     main = acc.is_main_process
     set_seed(t.seed)
     started = time.time()
@@ -239,6 +241,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         "eval_skipped_records": len(eval_ds.skipped) if eval_ds else 0,
         "steps_per_epoch": sched.steps_per_epoch, "total_steps": total_steps,
         "resumed_from": resume, "resumed_at_step": state["global_step"] if resume else None,
+        "hardware": devices.describe(acc.device), "mixed_precision": t.mixed_precision,
     }
     if main:
         out.mkdir(parents=True, exist_ok=True)

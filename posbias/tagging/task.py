@@ -123,14 +123,14 @@ class TaggingTask:
 
         return evaluate_checkpoint(model, data, output_dir, overrides=overrides, progress=progress)
 
-    def position_eval_checkpoint(self, model, data, out_dir, options: dict) -> dict:
+    def position_eval_checkpoint(self, model, data, out_dir, options: dict, overrides=None) -> dict:
         """The duplicated-test-set evaluation F1(α) of a checkpoint (`posbias diagnose tagging`)."""
         from .diagnose import diagnose
 
         opts = dict(options)
         if opts.get("quantiles") is not None:
             opts["quantiles"] = tuple(opts["quantiles"])
-        return diagnose(model, data, out_dir, progress=False, **opts)
+        return diagnose(model, data, out_dir, progress=False, overrides=overrides, **opts)
 
     def position_metrics(self, result: dict, alphas) -> dict:
         from .duplicated import experiment_metrics
