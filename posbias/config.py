@@ -80,6 +80,14 @@ class TrainConfig:
     """Windows per batch at evaluation."""
     num_threads: int | None = None
     """torch intra-op threads (CPU); default leaves torch's choice."""
+    report_to: list | str = field(default_factory=list)
+    """Experiment trackers, through accelerate: `tensorboard` (in `<output_dir>/tracking`; the
+    `posbias[track]` extra), `wandb`, `mlflow`, `aim`, `comet_ml`, `clearml`, `dvclive`, `trackio`,
+    `swanlab`, or `all` available; a name or a list. Losses, learning rate, throughput and every
+    evaluation's metrics are logged by step. Not part of the config hash."""
+    early_stopping_patience: int | None = None
+    """Stop after this many evaluations in a row without a better main metric (needs
+    data.eval_file); `best/` keeps the best. None: train to the end."""
     device: str = "auto"
     """Where the model runs for training and for evaluation, prediction and diagnosis: `auto` (the
     GPU when torch sees one, else the CPU), `cpu`, `cuda`, `cuda:N`, `mps`. Not part of the config
@@ -88,7 +96,7 @@ class TrainConfig:
 
 # Config keys added after experiments were recorded: at these values they change nothing, and are
 # left out of the hash.
-HASH_NEUTRAL_DEFAULTS = {("data", "train_subset"): "first"}
+HASH_NEUTRAL_DEFAULTS = {("data", "train_subset"): "first", ("train", "early_stopping_patience"): None}
 
 
 class RunConfig:
@@ -105,6 +113,7 @@ class RunConfig:
         d = self.to_dict()
         d["train"].pop("output_dir", None)
         d["train"].pop("device", None)
+        d["train"].pop("report_to", None)  # where curves are sent changes nothing of the run
         for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
             if section in d and key in d[section] and d[section][key] == default:
                 del d[section][key]
@@ -290,6 +299,9 @@ def validate(cfg: RunConfig) -> None:
     choice(d.on_bad_record, ["error", "skip"], "data.on_bad_record")
     choice(t.mixed_precision, ["no", "bf16", "fp16"], "train.mixed_precision")
     check_device_spec(t.device, "train.device")
+    t.report_to = check_trackers(t.report_to)
+    if t.early_stopping_patience is not None and t.early_stopping_patience < 1:
+        raise ConfigError(f"train.early_stopping_patience must be >= 1 (or null), got {t.early_stopping_patience}")
     for key, v in [("data.max_seq_len", d.max_seq_len), ("train.batch_size", t.batch_size),
                    ("train.grad_accum", t.grad_accum), ("train.eval_batch_size", t.eval_batch_size),
                    ("train.log_every", t.log_every), ("train.group_batches", t.group_batches)]:
@@ -315,6 +327,19 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError(f"{key} must be >= 1 (or null), got {v}")
     cfg.validate()
     _perturb.build_perturbations(cfg.perturb, cfg)  # each factory checks its options; `mode` is checked there
+
+
+TRACKERS = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive", "trackio", "swanlab", "all")
+
+
+def check_trackers(value) -> list[str]:
+    """`train.report_to` as a list of accelerate tracker names (a single name or `none` accepted)."""
+    names = [value] if isinstance(value, str) else list(value or [])
+    names = [n for n in names if n != "none"]
+    for n in names:
+        if n not in TRACKERS:
+            raise ConfigError(f"train.report_to: unknown tracker {n!r}; choose from {', '.join(TRACKERS)}")
+    return names
 
 
 # Bundled resources by alias: the tiny test tokenizers and the demo data slices (see resources/ATTRIBUTION.md).

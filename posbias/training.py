@@ -71,7 +71,7 @@ from .utils import atomic_write_json, atomic_write_text, now_iso, recover_dir, r
 # Keys that may change when a run is resumed (extending or re-scheduling it); anything else must
 # equal the checkpoint's config, or the resumed run would silently be a different experiment.
 RESUMABLE_CHANGES = {"epochs", "max_steps", "eval_every", "log_every", "save_every", "output_dir",
-                     "num_threads", "eval_batch_size", "device"}
+                     "num_threads", "eval_batch_size", "device", "report_to"}
 
 
 def _param_groups(model, weight_decay: float):
@@ -172,12 +172,16 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         _check_resume(cfg, Path(resume))
     if d.train_file is None:
         raise ConfigError("data.train_file must be set to train")
+    if t.early_stopping_patience and not d.eval_file:
+        raise ConfigError("train.early_stopping_patience needs data.eval_file (the metric it watches)")
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
 
     # Without CUDA, accelerate only joins a torchrun/`accelerate launch` process group when told cpu=True.
     device = devices.resolve_device(t.device)
-    acc = Accelerator(mixed_precision=t.mixed_precision, cpu=device.type == "cpu")
+    log_with = _trackers(t.report_to)
+    acc = Accelerator(mixed_precision=t.mixed_precision, cpu=device.type == "cpu", log_with=log_with,
+                      project_dir=str(out / "tracking") if log_with else None)
     main = acc.is_main_process
     set_seed(t.seed)
     started = time.time()
@@ -255,6 +259,8 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
                 _truncate_log(out / log, state["global_step"])
         save_config(cfg, out / "config.yaml")
         atomic_write_json(out / "run_info.json", run_info)
+    if log_with:
+        acc.init_trackers(out.name or "posbias", config=_flat_config(cfg.to_dict()))
 
     # ---- loop
     model.train()
@@ -263,7 +269,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     window = {"loss": 0.0, "n": 0, "examples": 0, "tokens": 0, "padded": 0, "t0": time.perf_counter()}
     bar = tqdm(total=total_steps, initial=step, desc="train", disable=not progress or not main,
                dynamic_ncols=True)
-    while step < total_steps:
+    while step < total_steps and not state.get("stopped_early"):  # a resumed early-stopped run is done
         epoch, local = divmod(step, sched.steps_per_epoch)
         if epoch != epoch_loaded:
             epoch_batches = batch_order(lengths, t.batch_size, t.seed, epoch,
@@ -327,6 +333,8 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
             if main:
                 with open(out / "train_log.jsonl", "a", encoding="utf-8") as f:
                     f.write(json.dumps(rec) + "\n")
+            if log_with:
+                acc.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, step=step)
             window = {"loss": 0.0, "n": 0, "examples": 0, "tokens": 0, "padded": 0, "t0": time.perf_counter()}
 
         pause = time.perf_counter()  # evaluation and saving do not count towards throughput
@@ -343,7 +351,14 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
             if main:
                 with open(out / "eval_log.jsonl", "a", encoding="utf-8") as f:
                     f.write(json.dumps({"step": step, **result}) + "\n")
-            better = state["best_metric"] is None or metric > state["best_metric"] or not t.save_best
+            if log_with:
+                acc.log({f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))
+                         and not isinstance(v, bool)}, step=step)
+            improved = state["best_metric"] is None or metric > state["best_metric"]
+            state["evals_without_improvement"] = 0 if improved else state.get("evals_without_improvement", 0) + 1
+            if t.early_stopping_patience and state["evals_without_improvement"] >= t.early_stopping_patience:
+                state["stopped_early"] = step
+            better = improved or not t.save_best
             if better:
                 state["best_metric"], state["best_step"] = metric, step
                 if main:
@@ -356,6 +371,8 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
             state["position_updates"] = updates.to_dict()
             _save_last(acc, raw_model, optimizer, scheduler, cfg, tokenizer, state, last_dir, gather_object)
         window["t0"] += time.perf_counter() - pause
+        if state.get("stopped_early"):  # the main metric stopped improving: best/ holds the best
+            break
     bar.close()
 
     if eval_ds is None and main:
@@ -366,6 +383,8 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
                "best_metric": state["best_metric"], "metric": state.get("metric_name"),
                f"best_{state.get('metric_name') or 'metric'}": state["best_metric"], "train_seconds": round(state["train_seconds"], 2),
                "wall_seconds": round(time.time() - started, 2)}
+    if state.get("stopped_early"):
+        summary["stopped_early_at"] = state["stopped_early"]
     if eval_ds is not None and (out / "eval" / "metrics.json").is_file():
         summary["eval"] = json.loads((out / "eval" / "metrics.json").read_text(encoding="utf-8"))
     if main:
@@ -374,6 +393,35 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         atomic_write_json(out / "run_info.json", run_info)
     acc.end_training()
     return summary
+
+
+def _trackers(names: list[str]) -> list[str] | None:
+    """accelerate's `log_with` for `train.report_to`; a tracker whose package is missing is an error
+    (accelerate would drop it without a word)."""
+    if not names:
+        return None
+    from accelerate.tracking import get_available_trackers
+
+    available = {getattr(x, "value", str(x)) for x in get_available_trackers()}
+    for name in names:
+        if name != "all" and name not in available:
+            extra = " (or the posbias[track] extra)" if name == "tensorboard" else ""
+            raise ConfigError(f"train.report_to: the {name} tracker is not installed: pip install {name}{extra}")
+    return list(names)
+
+
+def _flat_config(d: dict, prefix: str = "") -> dict:
+    """The run config as flat scalar hyper-parameters (trackers such as TensorBoard take no nesting)."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat_config(v, key + "."))
+        elif isinstance(v, (int, float, str, bool)):
+            out[key] = v
+        else:
+            out[key] = json.dumps(v)
+    return out
 
 
 def _diverged(out: Path, run_info: dict, main: bool, step: int, value, last_dir: Path) -> None:

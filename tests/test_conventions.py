@@ -1,0 +1,57 @@
+"""Conventions users expect from a training loop: trackers (train.report_to), early stopping."""
+import json
+
+import pytest
+
+import posbias
+from posbias.config import build_config
+from posbias.errors import ConfigError
+
+from conftest import tiny_config
+
+
+def test_report_to_tensorboard_writes_event_files(tmp_path):
+    pytest.importorskip("tensorboard")
+    cfg = build_config(tiny_config(tmp_path, train={"max_steps": 2, "eval_every": 1, "report_to": "tensorboard"}))
+    posbias.train(cfg, progress=False)
+    events = list((tmp_path / "run" / "tracking").rglob("events.out.tfevents.*"))
+    assert events
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for e in events:
+        acc = EventAccumulator(str(e.parent))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "eval/f1"} <= tags, tags
+
+
+def test_report_to_checks_names_and_packages(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="train.report_to: unknown tracker 'tensorbord'"):
+        build_config(tiny_config(), ["train.report_to=tensorbord"])
+    assert build_config(tiny_config(), ["train.report_to=none"]).train.report_to == []
+    assert build_config(tiny_config(), ["train.report_to=[tensorboard, wandb]"]).hash() == build_config(tiny_config()).hash()
+    import accelerate.tracking
+
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [])
+    cfg = build_config(tiny_config(tmp_path, train={"max_steps": 1, "report_to": ["wandb"]}))
+    with pytest.raises(ConfigError, match="the wandb tracker is not installed"):
+        posbias.train(cfg, progress=False)
+
+
+def test_early_stopping(tmp_path, monkeypatch):
+    from posbias.qa.task import QATask
+
+    scores = iter([50.0, 40.0, 45.0, 60.0, 70.0])
+    real = QATask.main_metric
+    monkeypatch.setattr(QATask, "main_metric", lambda self, m: (real(self, m)[0], next(scores)))
+    cfg = build_config(tiny_config(tmp_path, train={"max_steps": 5, "eval_every": 1, "early_stopping_patience": 2}))
+    summary = posbias.train(cfg, progress=False)
+    assert summary["steps"] == 3 and summary["stopped_early_at"] == 3 and summary["best_step"] == 1
+    log = [json.loads(l)["step"] for l in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert log == [1, 2, 3]
+    with pytest.raises(ConfigError, match="early_stopping_patience needs data.eval_file"):
+        posbias.train(build_config(tiny_config(tmp_path / "b", train={"early_stopping_patience": 1},
+                                               data={"eval_file": None})), progress=False)
+    # resuming a stopped run trains nothing more
+    assert posbias.train(cfg, resume="auto", progress=False)["steps"] == 3
