@@ -297,15 +297,16 @@ class PositionBiasCallback(_callback_base()):
         labels: the model's label names in id order (default: its config's id2label).
         k_max, quantiles, alphas, batch_tokens: as `posbias diagnose tagging`.
         metric_key_prefix: the Trainer's prefix ("eval").
+        label_map: data class -> the model's, when the data names its classes otherwise.
     """
 
     def __init__(self, data, tokenizer, *, labels: list[str] | None = None, k_max: int = 10,
                  quantiles=(0.25, 0.75), alphas=(1, 5, 10), batch_tokens: int = 16_384,
-                 metric_key_prefix: str = "eval"):
+                 metric_key_prefix: str = "eval", label_map: dict | None = None):
         from .tagging.readers import read_tagging
 
         self.dataset = read_tagging(str(data)) if isinstance(data, (str, bytes)) or hasattr(data, "__fspath__") else data
-        self.tokenizer, self.labels = tokenizer, labels
+        self.tokenizer, self.labels, self.label_map = tokenizer, labels, label_map
         self.k_max, self.quantiles, self.alphas = k_max, quantiles, tuple(alphas)
         self.batch_tokens, self.prefix = batch_tokens, metric_key_prefix
         self.history: list[dict] = []
@@ -323,8 +324,11 @@ class PositionBiasCallback(_callback_base()):
         from .tagging.duplicated import position_eval, summary
         from .tagging.model import tagger_view
 
+        from .tagging.evaluate import align_labels
+
         view = tagger_view(model, self.labels)
-        result = position_eval(view, self.tokenizer, self.dataset, k_max=self.k_max, quantiles=self.quantiles,
+        dataset = align_labels(self.dataset, view.labels, view.scheme, self.label_map)
+        result = position_eval(view, self.tokenizer, dataset, k_max=self.k_max, quantiles=self.quantiles,
                                modes=("duplicate",), batch_tokens=self.batch_tokens, progress=False)
         flat = summary(result, alphas=self.alphas)
         key = result["metric"]

@@ -55,3 +55,29 @@ def test_early_stopping(tmp_path, monkeypatch):
                                                data={"eval_file": None})), progress=False)
     # resuming a stopped run trains nothing more
     assert posbias.train(cfg, resume="auto", progress=False)["steps"] == 3
+
+
+def test_label_set_mismatch_is_named_and_mappable(tmp_path):
+    from conftest import run_cli
+
+    train = tmp_path / "train.conll"
+    train.write_text("Ana B-PER\nwent O\nto O\nOslo B-LOC\n\nBo B-PER\nsmiled O\n", encoding="utf-8")
+    other = tmp_path / "other.conll"
+    other.write_text("Ana B-person\nwent O\nto O\nOslo B-location\n", encoding="utf-8")
+    cfg = build_config({"task": "tagging", "model": {"name_or_path": None, "tokenizer": "tiny", "encoder": {
+        "model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "intermediate_size": 64}}, "data": {"train_file": str(train), "eval_file": None},
+        "train": {"output_dir": str(tmp_path / "run"), "max_steps": 1, "batch_size": 2}})
+    posbias.train(cfg, progress=False)
+    best = str(tmp_path / "run" / "best")
+    with pytest.raises(ConfigError, match=r"the data's entity types \['location', 'person'\] are not among "
+                                          r"the model's \['LOC', 'PER'\]"):
+        posbias.evaluate(best, str(other), task="tagging", progress=False)
+    m = posbias.evaluate(best, str(other), task="tagging", progress=False,
+                         overrides=["data.label_map={person: PER, location: LOC}"])
+    assert m["entities"] == 2 and set(m["per_class"]) <= {"PER", "LOC"}  # gold mapped onto the model's names
+    r = run_cli("evaluate", "tagging", "--model", best, "--data", str(other))
+    assert r.returncode == 2 and "data.label_map" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    dropped = posbias.evaluate(best, str(other), task="tagging", progress=False,
+                               overrides=["data.label_map={person: PER, location: O}"])
+    assert dropped["entities"] == 1  # location dropped to O

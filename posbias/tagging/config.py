@@ -49,6 +49,10 @@ class TaggingDataConfig:
     each seed its own subset, the same for every method; few-shot experiments)."""
     max_eval_examples: int | None = None
     """Use only the first N evaluation sentences (file order)."""
+    label_map: dict | None = None
+    """Evaluating a model on data that names its classes otherwise: data entity type (or POS tag)
+    -> the model's, e.g. {person: PER, location: LOC}; `O` drops a type. Without it, a data class
+    the model does not know stops `evaluate`/`diagnose` with both label sets named."""
 
     def read_options(self) -> dict:
         """Keyword options of `posbias.tagging.readers.read_tagging` this section sets."""

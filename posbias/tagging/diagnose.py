@@ -186,6 +186,7 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
     from ..checkpoint import load_for_eval, staged_output, write_run_meta
     from .duplicated import length_subset, position_eval
     from .stats import class_positions, plot_class_positions, plot_length_density
+    from .evaluate import align_labels
     from .task import read_for
 
     t0 = time.time()
@@ -195,6 +196,7 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
         ds = read_for(data, cfg)
         if cfg.data.max_eval_examples:
             ds.examples = ds.examples[: cfg.data.max_eval_examples]
+        ds = align_labels(ds, net.labels, net.scheme, cfg.data.label_map)
         result = position_eval(net, tokenizer, ds, k_max=k_max, quantiles=tuple(quantiles) if quantiles else None,
                                modes=tuple(modes), max_len=max_len, batch_tokens=batch_tokens, progress=progress)
         result["model"] = str(model)

@@ -129,12 +129,55 @@ def write_predictions(out_dir, examples: list[TaggingExample], preds: list[list[
     atomic_write_text(Path(out_dir) / "predictions.conll", "\n".join(lines) + "\n")
 
 
+def align_labels(dataset: TaggingDataset, labels: list[str], scheme: str, label_map: dict | None) -> TaggingDataset:
+    """`dataset` with its classes renamed by `label_map` (data entity type or POS tag -> the model's;
+    `O` drops an entity type), checked against the model's `labels`: a data class the model cannot
+    predict (PER vs person) is a ConfigError naming both sets instead of a silent F1 of 0."""
+    from .schemes import parse_tag
+
+    def kind(tag):  # the class a tag names: its entity type, or the whole tag (POS)
+        return parse_tag(tag)[1] if scheme != "none" else tag
+
+    def rename(tag):
+        if not label_map or tag == "O":
+            return tag
+        if scheme == "none":
+            return str(label_map.get(tag, tag))
+        prefix, typ = parse_tag(tag)
+        new = label_map.get(typ, typ)
+        return "O" if new == "O" else f"{prefix}-{new}"
+
+    if (dataset.scheme == "none") != (scheme == "none"):
+        return dataset  # POS data for an NER model or the reverse: the scheme check names that
+    if label_map:
+        from dataclasses import replace
+
+        dataset = replace(dataset, examples=[TaggingExample(e.id, e.words, [rename(t) for t in e.tags], e.meta)
+                                             for e in dataset.examples])
+    model_classes = {kind(t) for t in labels if t != "O"} if scheme != "none" else set(labels)
+    data_classes = {kind(t) for e in dataset.examples if e.tags for t in e.tags if t != "O" or scheme == "none"}
+    unknown = sorted(data_classes - model_classes)
+    if unknown:
+        what = "entity types" if scheme != "none" else "tags"
+        raise ConfigError(f"{dataset.path}: the data's {what} {unknown} are not among the model's "
+                          f"{sorted(model_classes)}; map them with data.label_map (e.g. "
+                          f"data.label_map='{{{unknown[0]}: {sorted(model_classes)[0] if model_classes else 'O'}}}', "
+                          "O drops a type)")
+    return dataset
+
+
+def _evaluate_aligned(model, tokenizer, cfg, dataset, out_dir=None, *, progress: bool = True) -> dict:
+    net = _unwrap(model)
+    return evaluate_dataset(model, tokenizer, cfg, align_labels(dataset, net.labels, net.scheme, cfg.data.label_map),
+                            out_dir, progress=progress)
+
+
 def evaluate_checkpoint(model, data, output_dir=None, overrides=None, progress: bool = True) -> dict:
     """Score a checkpoint (posbias or Hugging Face token-classification folder) on a tagging file;
     writes predictions, metrics and the run's config/versions into `output_dir` when given."""
     from ..checkpoint import evaluate_file
 
-    return evaluate_file(model, data, output_dir, overrides, "tagging", evaluate_dataset, progress=progress)
+    return evaluate_file(model, data, output_dir, overrides, "tagging", _evaluate_aligned, progress=progress)
 
 
 def split_words(text: str) -> tuple[list[str], list[tuple[int, int]]]:
