@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="posbias", description=(
         "Train, evaluate and diagnose extractive QA and token-classification (NER, POS) models with "
         "respect to position bias. Configs are YAML presets (see configs/) with key.sub=value overrides."))
+    ap.add_argument("-q", "--quiet", action="store_true",
+                    help="no progress output (bars on a terminal, periodic lines in a log file); results still print")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     for p in _tasks(sub, "train", "train a model").values():
@@ -204,9 +206,11 @@ def run(args) -> int:
     from . import api
 
     if args.command == "train":
-        _print(api.train(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite, task=args.task))
+        _print(api.train(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite, task=args.task,
+                         progress=not args.quiet))
     elif args.command == "evaluate":
-        _print(api.evaluate(args.model, args.data, args.output_dir, args.overrides, task=args.task))
+        _print(api.evaluate(args.model, args.data, args.output_dir, args.overrides, task=args.task,
+                            progress=not args.quiet))
     elif args.command == "predict" and args.task == "qa":
         res = api.predict(args.model, args.question, args.context, args.data, args.output_dir,
                           args.n_best, args.overrides, task="qa")
@@ -230,11 +234,13 @@ def run(args) -> int:
             print(f"tagged {len(res)} sentences ({n} words)" + (f"; wrote {args.output_dir}/predictions.conll"
                                                                  if args.output_dir else ""))
     elif args.command == "diagnose" and args.task == "qa":
-        res = api.diagnose(args.model, args.data, args.output_dir, xs=args.x, overrides=args.overrides, task="qa")
+        res = api.diagnose(args.model, args.data, args.output_dir, xs=args.x, overrides=args.overrides, task="qa",
+                           progress=not args.quiet)
         print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"), end="")
         print(f"wrote {args.output_dir}/diagnosis.md, diagnosis.json and {len(res['plots'])} plot(s)")
     elif args.command == "diagnose":
         res = api.diagnose(args.model, args.data, args.output_dir, overrides=args.overrides, task="tagging",
+                           progress=not args.quiet,
                            k_max=args.k_max, quantiles=None if args.all_sentences else tuple(args.quantiles),
                            modes=tuple(args.modes), max_len=args.max_len, batch_tokens=args.batch_tokens)
         print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"), end="")
@@ -251,7 +257,7 @@ def run(args) -> int:
     elif args.command == "experiment" and args.action == "run":
         res = api.experiment_run(args.spec, args.output_dir, launcher=args.launcher,
                                  accelerate_args=args.accelerate_args, dry_run=args.dry_run, force=args.force,
-                                 only=args.only, wait=args.wait, device=args.device)
+                                 only=args.only, wait=args.wait, device=args.device, progress=not args.quiet)
         if args.dry_run:
             for r in res["runs"]:
                 print(f"{r['name']}\t{r['config_hash']}\t{r['command']}")
@@ -284,7 +290,7 @@ def run(args) -> int:
         print((Path(args.out) / "stats.md").read_text(encoding="utf-8"), end="")
         print(f"wrote {', '.join(f'{k}.json' for k in stats['splits'])} to {args.out}")
     elif args.command == "demo":
-        summary = api.demo(args.output_dir, args.overrides)
+        summary = api.demo(args.output_dir, args.overrides, progress=not args.quiet)
         ev = summary.get("eval", {})
         print(f"\nposbias demo: MiniLM fine-tuned on {summary['steps']} steps in "
               f"{summary['train_seconds']:.0f} s of training ({summary['wall_seconds']:.0f} s in all)")

@@ -50,6 +50,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -66,7 +67,7 @@ from .errors import ConfigError, TrainingError
 from .perturb import perturbations_by_mode, training_passes
 from .tasks import get_task
 from .train_state import load_state, save_state
-from .utils import atomic_write_json, atomic_write_text, now_iso, recover_dir, replace_dir, set_seed, versions
+from .utils import atomic_write_json, atomic_write_text, interactive, now_iso, recover_dir, replace_dir, set_seed, versions
 
 # Keys that may change when a run is resumed (extending or re-scheduling it); anything else must
 # equal the checkpoint's config, or the resumed run would silently be a different experiment.
@@ -267,8 +268,9 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     step = state["global_step"]
     epoch_batches, epoch_loaded = None, -1
     window = {"loss": 0.0, "n": 0, "examples": 0, "tokens": 0, "padded": 0, "t0": time.perf_counter()}
-    bar = tqdm(total=total_steps, initial=step, desc="train", disable=not progress or not main,
+    bar = tqdm(total=total_steps, initial=step, desc="train", disable=not progress or not main or not interactive(),
                dynamic_ncols=True)
+    lines = progress and main and not interactive()  # a log file gets a plain line per log_every steps
     while step < total_steps and not state.get("stopped_early"):  # a resumed early-stopped run is done
         epoch, local = divmod(step, sched.steps_per_epoch)
         if epoch != epoch_loaded:
@@ -330,6 +332,9 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
                    "padding_fraction": 1 - window["tokens"] / max(window["padded"], 1)}
             bar.set_postfix(loss=f"{rec['loss']:.3f}", ex_s=f"{rec['examples_per_s']:.1f}",
                             tok_s=f"{rec['tokens_per_s']:.0f}")
+            if lines:
+                print(f"train step {step}/{total_steps}  loss {rec['loss']:.4f}  lr {rec['lr']:.3g}  "
+                      f"{rec['examples_per_s']:.1f} ex/s  {rec['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
             if main:
                 with open(out / "train_log.jsonl", "a", encoding="utf-8") as f:
                     f.write(json.dumps(rec) + "\n")

@@ -73,6 +73,12 @@ def recover_dir(final_dir, marker: str) -> bool:
     return (final_dir / marker).is_file()
 
 
+def interactive() -> bool:
+    """Progress bars only on a terminal: in a log file tqdm's carriage returns and cursor moves
+    (nested bars) become one long line of escapes, so there the training loop prints plain lines."""
+    return sys.stderr.isatty()
+
+
 def set_seed(seed: int) -> None:
     import torch
 

@@ -81,3 +81,17 @@ def test_label_set_mismatch_is_named_and_mappable(tmp_path):
     dropped = posbias.evaluate(best, str(other), task="tagging", progress=False,
                                overrides=["data.label_map={person: PER, location: O}"])
     assert dropped["entities"] == 1  # location dropped to O
+
+
+def test_progress_in_a_log_file_is_plain_lines_and_quiet_silences_it(tmp_path):
+    from conftest import run_cli
+
+    r = run_cli("train", "qa", "-c", "tiny", f"train.output_dir={tmp_path / 'a'}", "train.max_steps=2",
+                "train.log_every=1", "data.max_eval_examples=4")  # stderr is a pipe, as in a log file
+    assert r.returncode == 0, r.stderr
+    assert "\x1b[A" not in r.stderr and "\r" not in r.stderr  # no cursor moves, no carriage returns
+    assert [l.split()[2] for l in r.stderr.splitlines() if l.startswith("train step")] == ["1/2", "2/2"]
+    q = run_cli("--quiet", "train", "qa", "-c", "tiny", f"train.output_dir={tmp_path / 'b'}", "train.max_steps=2",
+                "train.log_every=1", "data.max_eval_examples=4")
+    assert q.returncode == 0 and "train step" not in q.stderr, q.stderr
+    assert '"steps": 2' in q.stdout

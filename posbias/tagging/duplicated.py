@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..utils import interactive
 from ..analysis.stats import mean_std
 from ..errors import ConfigError
 from ..perturb.position_shift import RELATIVE_POSITION_MODELS, RELATIVE_POSITION_TYPES, shift_position_ids
@@ -116,7 +117,7 @@ def _predict_rows(model, rows: _Rows, build, device, batch_tokens: int, pad_id: 
     order = np.argsort(-rows.length, kind="stable")
     out: list[np.ndarray | None] = [None] * len(order)
     start = 0
-    bar = tqdm(total=len(order), desc=desc, leave=False, disable=not progress)
+    bar = tqdm(total=len(order), desc=desc, leave=False, disable=not progress or not interactive())
     with torch.inference_mode():
         while start < len(order):
             size = max(1, min(512, batch_tokens // int(rows.length[order[start]])))

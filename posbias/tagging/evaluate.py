@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from ..batching import move
 from ..errors import ConfigError
-from ..utils import atomic_write_json, atomic_write_text
+from ..utils import atomic_write_json, atomic_write_text, interactive
 from . import metrics
 from .collate import collate
 from .examples import TaggingDataset, TaggingExample
@@ -53,7 +53,7 @@ def run_windows(model, features: TaggingFeatures, n_words: np.ndarray, *, pad_id
     flat, labels = [], []
     with torch.inference_mode():
         for b in tqdm(range(0, len(order), batch_size), desc="eval", leave=False,
-                      disable=not progress or rank != 0):
+                      disable=not progress or rank != 0 or not interactive()):
             idx = order[b:b + batch_size]
             batch = collate(features, idx, pad_id=pad_id, padding_side=padding_side)
             pick = batch["predict"]  # (b, s) bool
