@@ -237,7 +237,7 @@ def run(args) -> int:
         res = api.diagnose(args.model, args.data, args.output_dir, xs=args.x, overrides=args.overrides, task="qa",
                            progress=not args.quiet)
         print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"), end="")
-        print(f"wrote {args.output_dir}/diagnosis.md, diagnosis.json and {len(res['plots'])} plot(s)")
+        print(f"wrote {args.output_dir}/diagnosis.md, diagnosis.html, diagnosis.json and {len(res['plots'])} plot(s)")
     elif args.command == "diagnose":
         res = api.diagnose(args.model, args.data, args.output_dir, overrides=args.overrides, task="tagging",
                            progress=not args.quiet,

@@ -28,6 +28,22 @@ def _md(rows: list[dict], title: str) -> list[str]:
     return out + [""]
 
 
+def _html(title: str, intro: list[str], tables: dict, titles: dict, plots: list[Path]) -> str:
+    """The diagnosis as one self-contained page (plots embedded), the same content as diagnosis.md."""
+    import html
+
+    from ..analysis.report import html_figure, html_page, html_table
+
+    parts = [f"<h1>{html.escape(title)}</h1>"] + [f"<p>{html.escape(x)}</p>" for x in intro if x]
+    for name, rows in tables.items():
+        parts.append(f"<h2>{html.escape(titles.get(name, name))}</h2>")
+        parts.append(html_table(["segment", "questions", "EM", "F1"],
+                                [[str(r["segment"]), str(r["questions"]), f"{r['exact']:.2f}", f"{r['f1']:.2f}"]
+                                 for r in rows]))
+    parts += ["<h2>Plots</h2>"] + [html_figure(p.stem.replace("_", " "), p, p.name) for p in plots]
+    return html_page(title, parts)
+
+
 def plot_position_curve(mentions, scores, max_seq_len: int, path: Path, bin_size: int = 32) -> Path:
     from ..analysis.report import _plt
 
@@ -125,6 +141,7 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress) -> d
                                          "S_X(2) = all later (App. C)"))
     md += [f"![{p.stem}]({p.name})" for p in plots]
     atomic_write_text(out / "diagnosis.md", "\n".join(md) + "\n")
+    atomic_write_text(out / "diagnosis.html", _html(md[0][2:], md[2:6], tables, titles, plots))
     summary = {"model": str(model), "data": ds.path, "metrics": result, "tables": tables,
                "plots": [str(final / p.name) for p in plots]}
     atomic_write_json(out / "diagnosis.json", summary)

@@ -105,8 +105,11 @@ def test_diagnose_writes_position_analyses(tmp_path):
     s40 = {r["segment"]: r["questions"] for r in res["tables"]["first_x_tokens(x=40)"]}
     s80 = {r["segment"]: r["questions"] for r in res["tables"]["first_x_tokens(x=80)"]}
     assert s80.get("S80(1)", 0) >= s40.get("S40(1)", 0)  # a larger X puts more questions in S(1)
-    for f in ("diagnosis.md", "diagnosis.json", "f1_by_position.png", "position_updates.png", "eval/predictions.json"):
+    for f in ("diagnosis.md", "diagnosis.html", "diagnosis.json", "f1_by_position.png", "position_updates.png",
+              "eval/predictions.json"):
         assert (tmp_path / "diag" / f).is_file(), f
+    page = (tmp_path / "diag" / "diagnosis.html").read_text(encoding="utf-8")
+    assert page.count("<table") == len(res["tables"]) and page.count("data:image/png;base64,") == 2
     # Any Hugging Face QA folder can be diagnosed too.
     hf = posbias.export(tmp_path / "run" / "best", tmp_path / "hf")
     res_hf = posbias.diagnose(hf, DEMO_DEV, tmp_path / "diag_hf", overrides=["data.max_eval_examples=60",
