@@ -24,11 +24,14 @@ def load_config(spec=None, overrides=None) -> RunConfig:
 
 
 def train(config, overrides=None, resume: str | None = None, overwrite: bool = False,
-          progress: bool = True, task: str | None = None) -> dict:
+          progress: bool = True, task: str | None = None, data=None) -> dict:
     """Train a model (see `posbias.training.train`); returns the run summary.
 
     Args:
         task: when given (the CLI's `train qa` / `train tagging`), the config's task must match.
+        data: Hugging Face `datasets` instead of data.train_file / data.eval_file: a DatasetDict
+            (its `train` split, evaluated on `validation`, else `test`, when it has one) or a
+            Dataset (training only). The config records each one's name, size and fingerprint.
     """
     from .training import train as _train
 
@@ -36,7 +39,22 @@ def train(config, overrides=None, resume: str | None = None, overwrite: bool = F
     if task is not None and cfg.task != task:
         raise ConfigError(f"`train {task}` got a config for task {cfg.task!r}: use `posbias train {cfg.task}` "
                           f"or set task: {task} in the config")
-    return _train(cfg, resume=resume, overwrite=overwrite, progress=progress)
+    splits = None
+    if data is not None:
+        from .hf_datasets import dataset_name, is_dataset_dict, is_hf_dataset
+
+        if not is_hf_dataset(data):
+            raise ConfigError("data= takes a datasets.Dataset or DatasetDict (files go in data.train_file)")
+        if not is_dataset_dict(data):
+            splits = {"train": data, "eval": None}
+        else:
+            if "train" not in data:
+                raise ConfigError(f"data=: the DatasetDict has no train split (splits: {list(data.keys())})")
+            held_out = next((k for k in ("validation", "dev", "test") if k in data), None)
+            splits = {"train": data["train"], "eval": data[held_out] if held_out else None}
+        cfg.data.train_file = dataset_name(splits["train"])
+        cfg.data.eval_file = dataset_name(splits["eval"]) if splits["eval"] is not None else None
+    return _train(cfg, resume=resume, overwrite=overwrite, progress=progress, data=splits)
 
 
 def _task_of(model, task: str | None) -> str:

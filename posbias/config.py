@@ -97,7 +97,7 @@ class TrainConfig:
 # Config keys added after experiments were recorded: at these values they change nothing, and are
 # left out of the hash.
 HASH_NEUTRAL_DEFAULTS = {("data", "train_subset"): "first", ("train", "early_stopping_patience"): None,
-                         ("data", "label_map"): None}
+                         ("data", "label_map"): None, ("data", "tags_column"): None}
 
 
 class RunConfig:

@@ -136,12 +136,15 @@ class _Schedule:
         return [i for i in idx if i < self.n_batches]
 
 
-def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, progress: bool = True) -> dict:
+def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, progress: bool = True,
+          data: dict | None = None) -> dict:
     """Train a model for `cfg.task` as `cfg` says; returns a summary (best step, metrics, throughput).
 
     Args:
         resume: a checkpoint folder, or "auto" for `<output_dir>/checkpoints/last` when present.
         overwrite: allow starting afresh in an output folder that already holds a run.
+        data: {"train": ..., "eval": ...} in-memory data sets (Hugging Face `datasets`) read instead of
+            data.train_file / data.eval_file, which then only name them (`posbias.api.train`).
     """
     from accelerate import Accelerator
     from accelerate.utils import gather_object
@@ -190,12 +193,13 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     # ---- data -> features
     task = get_task(cfg.task, "task")
     tokenizer = task.load_tokenizer(cfg)
-    train_ds = task.read(d.train_file, cfg)
+    data = data or {}
+    train_ds = task.read(data["train"] if data.get("train") is not None else d.train_file, cfg)
     examples = train_subset(train_ds.examples, d.max_train_examples, d.train_subset, t.seed)
     feats = task.train_features(examples, tokenizer, cfg, train_ds)
     eval_ds = None
     if d.eval_file:
-        eval_ds = task.read(d.eval_file, cfg)
+        eval_ds = task.read(data["eval"] if data.get("eval") is not None else d.eval_file, cfg)
         if d.max_eval_examples:
             eval_ds.examples = eval_ds.examples[: d.max_eval_examples]
     lengths = feats.lengths

@@ -26,7 +26,12 @@ def read_qa(path, on_bad_record: str = "error", check_offsets: bool = True) -> Q
 
 
 def read_dataset(spec, on_bad_record: str = "error") -> QADataset:
-    """A QA file (or a list of shards) by path or bundled alias (`demo:train`, `demo:dev`)."""
+    """A QA file (or a list of shards) by path or bundled alias (`demo:train`, `demo:dev`), or a
+    `datasets.Dataset` with SQuAD's columns."""
+    from ..hf_datasets import is_hf_dataset, read_squad_dataset
+
+    if is_hf_dataset(spec):
+        return read_squad_dataset(spec, on_bad_record=on_bad_record)
     if isinstance(spec, (list, tuple)):
         return read_squad_many([resolve_path(p) for p in spec], on_bad_record=on_bad_record)
     return read_qa(resolve_path(spec), on_bad_record=on_bad_record)

@@ -35,6 +35,12 @@ def parse_squad(path, text: str, on_bad_record: str = "error", check_offsets: bo
     return _squad_dataset([(str(path), text)], on_bad_record, check_offsets)
 
 
+def squad_from_object(name: str, top: dict, on_bad_record: str = "error", check_offsets: bool = True) -> QADataset:
+    """`read_squad` on an already parsed SQuAD object (e.g. built from a `datasets.Dataset`)."""
+    check_on_bad_record(on_bad_record)
+    return _squad_dataset([(name, top)], on_bad_record, check_offsets)
+
+
 def read_squad_many(paths, on_bad_record: str = "error", check_offsets: bool = True) -> QADataset:
     """Read SQuAD shards as one dataset: their `data` lists in order, ids unique across all.
 
@@ -54,7 +60,7 @@ def _squad_dataset(sources: Iterable[tuple[str, str]], on_bad_record: str,
     paths, versions, examples, skipped = [], [], [], []
     seen: dict[str, tuple[str, str]] = {}
     for path, text in sources:
-        top = _load_json(path, text)
+        top = _load_json(path, text) if isinstance(text, str) else text  # text, or a parsed object
         if not (isinstance(top, dict) and isinstance(top.get("data"), list)):
             raise DataError(path, None, 'top level must be a JSON object with a "data" list')
         paths.append(path)

@@ -49,6 +49,9 @@ class TaggingDataConfig:
     each seed its own subset, the same for every method; few-shot experiments)."""
     max_eval_examples: int | None = None
     """Use only the first N evaluation sentences (file order)."""
+    tags_column: str | None = None
+    """The tag column of a `datasets.Dataset` given as data (default: the first of ner_tags, tags,
+    labels, upos, pos_tags, xpos it has)."""
     label_map: dict | None = None
     """Evaluating a model on data that names its classes otherwise: data entity type (or POS tag)
     -> the model's, e.g. {person: PER, location: LOC}; `O` drops a type. Without it, a data class

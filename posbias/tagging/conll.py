@@ -81,6 +81,29 @@ def read_conll(path, *, word_column: int = 0, tag_column: int | None = -1, schem
     text = read_text(path)
     sentences = _split(text, word_column, docstart)
     _check_is_conll(path, text, sentences)
+    return _read_sentences(path, sentences, word_column, tag_column, scheme, on_bad_record, "conll")
+
+
+def read_word_tag_rows(name: str, rows, *, scheme: str = "auto", on_bad_record: str = "error") -> TaggingDataset:
+    """Sentences given as (words, tags) pairs (e.g. the rows of a `datasets.Dataset`), checked and
+    converted exactly as a CoNLL file's; errors and example ids name the row ("row 12")."""
+    check_on_bad_record(on_bad_record)
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    sentences = []
+    for r, (words, tags) in enumerate(rows):
+        if len(words) != len(tags):
+            raise DataError(name, f"row {r}", f"{len(words)} words but {len(tags)} tags")
+        if words:
+            sentences.append(_Sentence(0, [r] * len(words), [[str(w), str(t)] for w, t in zip(words, tags)]))
+    if not sentences:
+        raise DataError(name, None, "no sentences (no row has words)")
+    return _read_sentences(name, sentences, 0, 1, scheme, on_bad_record, "rows", unit="row")
+
+
+def _read_sentences(path: str, sentences: list, word_column: int, tag_column, scheme: str, on_bad_record: str,
+                    fmt: str, unit: str = "line") -> TaggingDataset:
+    """The checks and scheme handling of `read_conll`, on split sentences; `unit` names a record."""
     width = _usual_width(sentences)
     bad: list[tuple[int, str, str]] = []  # (first line, record, reason) of each dropped sentence
 
@@ -98,29 +121,29 @@ def read_conll(path, *, word_column: int = 0, tag_column: int | None = -1, schem
         return kept
 
     fits = width is not None and _width_problem(width, word_column, tag_column) is None
-    sentences = keep(sentences, lambda s: _columns(path, s, width, fits, word_column, tag_column))
+    sentences = keep(sentences, lambda s: _columns(path, s, width, fits, word_column, tag_column, unit))
     source = None
     if tag_column is not None and scheme == "auto":
         tags = [t for s in sentences for t in s.tags]
         entity = any(_ENTITY_SHAPED.match(t) for t in tags) or (bool(tags) and all(t == "O" for t in tags))
         scheme = "auto" if entity else "none"
     if tag_column is not None and scheme != "none":
-        sentences = keep(sentences, lambda s: _parse_tags(path, s))
+        sentences = keep(sentences, lambda s: _parse_tags(path, s, unit))
         source, hint = scheme, ""
         if scheme == "auto":
             source = detect_scheme(s.tags for s in sentences)
             hint = f" (scheme auto read this file as {source.upper()})"
             if source == "iob1":
-                _check_not_mixed(path, sentences)
-        sentences = keep(sentences, lambda s: _validate(path, s, source, hint))
+                _check_not_mixed(path, sentences, unit)
+        sentences = keep(sentences, lambda s: _validate(path, s, source, hint, unit))
     name = Path(path).name
     examples = []
     for s in sentences:
         tags = convert(s.tags, "iob1", "iob2") if source == "iob1" else s.tags
-        examples.append(TaggingExample(f"{name}:{s.lines[0]}", s.words, tags, {"line": s.lines[0], "doc": s.doc}))
+        examples.append(TaggingExample(f"{name}:{s.lines[0]}", s.words, tags, {unit: s.lines[0], "doc": s.doc}))
     out_scheme = "none" if source is None else "iob2" if source == "iob1" else source
     skipped = [(record, reason) for _, record, reason in sorted(bad)]  # file order
-    return TaggingDataset(path, "conll", out_scheme, examples, skipped, source_scheme=source)
+    return TaggingDataset(path, fmt, out_scheme, examples, skipped, source_scheme=source)
 
 
 def _split(text: str, word_column: int, docstart: bool) -> list[_Sentence]:
@@ -181,13 +204,14 @@ def _usual_width(sentences: list[_Sentence]) -> int | None:
     return counts.most_common(1)[0][0] if counts else None
 
 
-def _columns(path, s: _Sentence, width: int, usual_fits: bool, word_column: int, tag_column: int | None) -> None:
+def _columns(path, s: _Sentence, width: int, usual_fits: bool, word_column: int, tag_column: int | None,
+             unit: str = "line") -> None:
     """Set the sentence's words and tags (None when unlabelled); DataError at the first bad line.
     `usual_fits`: lines of the file's usual width have the columns asked for (checked once)."""
     s.words, s.tags = [], [] if tag_column is not None else None
     for n, cols in zip(s.lines, s.rows):
         if len(cols) != width or not usual_fits:
-            raise DataError(path, f"line {n}", _width_problem(len(cols), word_column, tag_column)
+            raise DataError(path, f"{unit} {n}", _width_problem(len(cols), word_column, tag_column)
                             or f"{len(cols)} columns where the file's lines have {width}")
         s.words.append(cols[word_column])
         if s.tags is not None:
@@ -205,22 +229,22 @@ def _width_problem(k: int, word_column: int, tag_column: int | None) -> str | No
     return None
 
 
-def _parse_tags(path, s: _Sentence) -> None:
+def _parse_tags(path, s: _Sentence, unit: str = "line") -> None:
     for n, tag in zip(s.lines, s.tags):
         try:
             parse_tag(tag)
         except ValueError as e:
-            raise DataError(path, f"line {n}", str(e)) from None
+            raise DataError(path, f"{unit} {n}", str(e)) from None
 
 
-def _validate(path, s: _Sentence, scheme: str, hint: str) -> None:
+def _validate(path, s: _Sentence, scheme: str, hint: str, unit: str = "line") -> None:
     try:
         validate(s.tags, scheme)
     except TagSequenceError as e:
-        raise DataError(path, f"line {s.lines[e.index]}", f"not valid {scheme.upper()}{hint}: {e}") from None
+        raise DataError(path, f"{unit} {s.lines[e.index]}", f"not valid {scheme.upper()}{hint}: {e}") from None
 
 
-def _check_not_mixed(path, sentences: list[_Sentence]) -> None:
+def _check_not_mixed(path, sentences: list[_Sentence], unit: str = "line") -> None:
     """A file auto-detected as IOB1 that also starts entities with B- after O mixes IOB1 and IOB2
     (typically IOB2 with a stray I-): no per-sentence skip can tell which, so it always raises."""
     for s in sentences:
@@ -233,7 +257,7 @@ def _check_not_mixed(path, sentences: list[_Sentence]) -> None:
         return
     i_line, i_tag = next((n, t) for s in sentences for n, t, starts in zip(s.lines, s.tags, _i_starts(s.tags))
                          if starts)
-    raise DataError(path, f"line {b_line}", f"{b_tag} starts an entity as IOB2 does, but line {i_line} starts "
+    raise DataError(path, f"{unit} {b_line}", f"{b_tag} starts an entity as IOB2 does, but {unit} {i_line} starts "
                                             f"one with {i_tag} as only IOB1 does: declare scheme iob1 or iob2")
 
 

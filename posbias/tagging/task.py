@@ -27,9 +27,14 @@ def read_for(spec, cfg):
     from .readers import read_tagging
     from .schemes import convert
 
+    from ..hf_datasets import is_hf_dataset, read_tagging_dataset
+
     d = cfg.data
-    paths = [resolve_path(p) for p in spec] if isinstance(spec, (list, tuple)) else resolve_path(spec)
-    ds = read_tagging(paths, on_bad_record=d.on_bad_record, **d.read_options())
+    if is_hf_dataset(spec):  # a datasets.Dataset of word and tag lists
+        ds = read_tagging_dataset(spec, tags_column=d.tags_column, scheme=d.scheme, on_bad_record=d.on_bad_record)
+    else:
+        paths = [resolve_path(p) for p in spec] if isinstance(spec, (list, tuple)) else resolve_path(spec)
+        ds = read_tagging(paths, on_bad_record=d.on_bad_record, **d.read_options())
     if d.length_quantiles is not None:  # D*: the middle of this file's length distribution
         from .duplicated import length_subset
 

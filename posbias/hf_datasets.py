@@ -1,0 +1,92 @@
+"""Hugging Face `datasets` in posbias's readers: a `Dataset` (or a one-split `DatasetDict`) wherever
+a data file is accepted in the Python API. Duck-typed, so `datasets` is imported only by the user.
+
+Token classification: a column of word lists (`tokens`, `words`) and one of tag lists (`ner_tags`,
+`tags`, `labels`, `upos`, `pos_tags`, `xpos`; `data.tags_column` picks another), tag names from the
+column's `ClassLabel` when it has one. QA: SQuAD's columns (`id`, `question`, `context`, `answers`
+with `text` and `answer_start` lists, optional `title`); an empty `answers` is unanswerable (v2).
+"""
+from __future__ import annotations
+
+from .errors import ConfigError
+
+TOKEN_COLUMNS = ("tokens", "words")
+TAG_COLUMNS = ("ner_tags", "tags", "labels", "upos", "pos_tags", "xpos")
+
+
+def is_hf_dataset(obj) -> bool:
+    """A `datasets.Dataset` or `DatasetDict` (duck-typed: column names and features)."""
+    return hasattr(obj, "column_names") and hasattr(obj, "features") or is_dataset_dict(obj)
+
+
+def is_dataset_dict(obj) -> bool:
+    """A DatasetDict (or a plain dict of Datasets): it has column_names too, so test this first."""
+    return (type(obj).__name__ in ("DatasetDict", "IterableDatasetDict")
+            or isinstance(obj, dict) and bool(obj) and all(hasattr(v, "column_names") for v in obj.values()))
+
+
+def one_split(obj, what: str = "data"):
+    """The Dataset of `obj`: itself, or the only split of a DatasetDict (several: a named error)."""
+    if is_dataset_dict(obj):
+        splits = list(obj.keys())
+        if len(splits) != 1:
+            raise ConfigError(f"{what}: a DatasetDict with splits {splits}; pass one, e.g. ds[{splits[-1]!r}]")
+        return obj[splits[0]]
+    return obj
+
+
+def dataset_name(ds) -> str:
+    """A stable description of a Dataset for configs and run_info: name, split, rows, fingerprint."""
+    info = getattr(ds, "info", None)
+    name = getattr(info, "dataset_name", None) or getattr(info, "builder_name", None) or "in-memory"
+    split = getattr(ds, "split", None)
+    fp = getattr(ds, "_fingerprint", None)
+    return f"datasets:{name}" + (f"[{split}]" if split else "") + f"({len(ds)} rows" + (f", {fp[:12]})" if fp else ")")
+
+
+def _column(ds, wanted, candidates, what) -> str:
+    cols = list(ds.column_names)
+    if wanted:
+        if wanted not in cols:
+            raise ConfigError(f"{dataset_name(ds)}: no column {wanted!r} ({what}); columns: {cols}")
+        return wanted
+    found = next((c for c in candidates if c in cols), None)
+    if found is None:
+        raise ConfigError(f"{dataset_name(ds)}: no {what} column (one of {list(candidates)}); columns: {cols}"
+                          + ("; set data.tags_column" if what == "tag" else ""))
+    return found
+
+
+def read_tagging_dataset(ds, *, tags_column: str | None = None, scheme: str = "auto", on_bad_record: str = "error"):
+    """A posbias TaggingDataset from a Dataset of word lists and tag lists (names or ClassLabel ids)."""
+    from .tagging.conll import read_word_tag_rows
+
+    ds = one_split(ds)
+    words = _column(ds, None, TOKEN_COLUMNS, "word")
+    tags = _column(ds, tags_column, TAG_COLUMNS, "tag")
+    names = getattr(getattr(ds.features[tags], "feature", None), "names", None)  # Sequence(ClassLabel)
+
+    def rows():
+        for r in ds:
+            ts = r[tags]
+            yield r[words], [names[t] for t in ts] if names else ts
+    return read_word_tag_rows(dataset_name(ds), rows(), scheme=scheme, on_bad_record=on_bad_record)
+
+
+def read_squad_dataset(ds, *, on_bad_record: str = "error"):
+    """A posbias QADataset from a Dataset with SQuAD's columns, checked as a SQuAD file is."""
+    from .qa.squad import squad_from_object
+
+    ds = one_split(ds)
+    for c in ("id", "question", "context", "answers"):
+        _column(ds, c, (c,), c)
+    has_title = "title" in ds.column_names
+    articles = []
+    for r in ds:
+        ans = r["answers"] or {}
+        answers = [{"text": t, "answer_start": s} for t, s in zip(ans.get("text", []), ans.get("answer_start", []))]
+        qa = {"id": str(r["id"]), "question": r["question"], "answers": answers}
+        if not answers:
+            qa["is_impossible"] = True
+        articles.append({"title": r["title"] if has_title else "", "paragraphs": [{"context": r["context"], "qas": [qa]}]})
+    return squad_from_object(dataset_name(ds), {"data": articles}, on_bad_record=on_bad_record)
