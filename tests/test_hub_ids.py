@@ -84,3 +84,17 @@ def test_importing_posbias_changes_no_environment_or_logging():
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.strip() == "[] True", out.stdout + out.stderr
+
+
+def test_shared_paths_from_an_installed_package(monkeypatch, tmp_path):
+    import posbias.config as config
+    from posbias.errors import ConfigError
+
+    monkeypatch.delenv("POSBIAS_SHARED_DATA", raising=False)
+    monkeypatch.setattr(config, "PACKAGE_DIR", tmp_path / "site-packages" / "posbias")  # no pyproject beside it
+    with pytest.raises(ConfigError, match="shared:conll2003/test.txt: set POSBIAS_SHARED_DATA"):
+        config.resolve_path("shared:conll2003/test.txt")
+    (tmp_path / "data" / "conll2003").mkdir(parents=True)
+    (tmp_path / "data" / "conll2003" / "test.txt").write_text("x O\n", encoding="utf-8")
+    monkeypatch.setenv("POSBIAS_SHARED_DATA", str(tmp_path / "data"))
+    assert config.resolve_path("shared:conll2003/test.txt") == str(tmp_path / "data" / "conll2003" / "test.txt")
