@@ -29,7 +29,7 @@ _BERT_CALL = ("hidden_states", "attention_mask", "past_key_values", "cache")
 # Swapping BertSelfAttention depends on how BertAttention calls it, which minor releases have
 # changed (5.24 renamed past_key_values to cache), so a release outside this range is refused when
 # relative attention is used, not when posbias is installed.
-TESTED_TRANSFORMERS = ("5.0", "5.24")
+TESTED_TRANSFORMERS = ("5.4", "5.24")
 ALLOW_UNTESTED = "POSBIAS_ALLOW_UNTESTED_TRANSFORMERS"
 
 

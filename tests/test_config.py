@@ -77,8 +77,32 @@ def test_a_key_at_its_neutral_default_leaves_the_hash_unchanged():
     import hashlib
     import json
 
-    d["train"].pop("output_dir", None)
+    # Keys that never enter the hash (where a run is written, runs, reports) and later keys at their
+    # neutral defaults.
+    for key in ("output_dir", "device", "report_to", "early_stopping_patience"):
+        d["train"].pop(key, None)
     assert first.hash() == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
     assert build_config(tiny_config(data={"train_subset": "random"})).hash() != first.hash()
     with pytest.raises(ConfigError, match="data.train_subset"):
         build_config(tiny_config(data={"train_subset": "shuffled"}))
+
+
+def test_archived_experiment_runs_keep_their_config_hashes():
+    """Every run archived in docs/experiments rebuilds to the hash it was recorded under: keys added
+    since (device, trackers, early stopping, label maps) must not turn recorded runs into 'changed'."""
+    import json
+    import sqlite3
+    from contextlib import closing
+    from pathlib import Path
+
+    from posbias.config import build_config
+
+    dbs = sorted((Path(__file__).resolve().parents[1] / "docs" / "experiments").glob("*/experiment.sqlite"))
+    assert dbs
+    checked = 0
+    for db in dbs:
+        with closing(sqlite3.connect(str(db))) as con:
+            for name, recorded, config_json in con.execute("SELECT name, config_hash, config_json FROM runs"):
+                assert build_config(json.loads(config_json)).hash() == recorded, f"{db.parent.name}/{name}"
+                checked += 1
+    assert checked >= 50

@@ -81,6 +81,9 @@ def test_label_set_mismatch_is_named_and_mappable(tmp_path):
     dropped = posbias.evaluate(best, str(other), task="tagging", progress=False,
                                overrides=["data.label_map={person: PER, location: O}"])
     assert dropped["entities"] == 1  # location dropped to O
+    # Some classes in common (a model trained without a rare type): a warning naming the rest.
+    with pytest.warns(UserWarning, match=r"cannot predict the data's entity types \['location'\]"):
+        posbias.evaluate(best, str(other), task="tagging", progress=False, overrides=["data.label_map={person: PER}"])
 
 
 def test_progress_in_a_log_file_is_plain_lines_and_quiet_silences_it(tmp_path):

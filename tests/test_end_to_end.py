@@ -96,7 +96,7 @@ def test_cli_task_subcommands(command, tasks):
 @pytest.mark.parametrize("args, message", [
     (["train", "qa", "-c", "tiny", "train.no_such_key=1"], "unknown config key train.no_such_key"),
     (["train", "qa", "-c", "no_such_preset"], "neither a file nor a preset"),
-    (["evaluate", "qa", "--model", "/nonexistent", "--data", DEMO_DEV], "not a local folder"),
+    (["evaluate", "qa", "--model", "/nonexistent", "--data", DEMO_DEV], "is not a model folder"),
 ])
 def test_cli_errors_are_one_line(args, message):
     r = run_cli(*args)

@@ -132,7 +132,8 @@ def write_predictions(out_dir, examples: list[TaggingExample], preds: list[list[
 def align_labels(dataset: TaggingDataset, labels: list[str], scheme: str, label_map: dict | None) -> TaggingDataset:
     """`dataset` with its classes renamed by `label_map` (data entity type or POS tag -> the model's;
     `O` drops an entity type), checked against the model's `labels`: a data class the model cannot
-    predict (PER vs person) is a ConfigError naming both sets instead of a silent F1 of 0."""
+    predict is a warning, and with no class in common (PER vs person) a ConfigError naming both sets
+    instead of a silent F1 of 0."""
     from .schemes import parse_tag
 
     def kind(tag):  # the class a tag names: its entity type, or the whole tag (POS)
@@ -157,8 +158,13 @@ def align_labels(dataset: TaggingDataset, labels: list[str], scheme: str, label_
     model_classes = {kind(t) for t in labels if t != "O"} if scheme != "none" else set(labels)
     data_classes = {kind(t) for e in dataset.examples if e.tags for t in e.tags if t != "O" or scheme == "none"}
     unknown = sorted(data_classes - model_classes)
-    if unknown:
-        what = "entity types" if scheme != "none" else "tags"
+    what = "entity types" if scheme != "none" else "tags"
+    if unknown and data_classes & model_classes:  # a model trained without some rare classes
+        import warnings
+
+        warnings.warn(f"{dataset.path}: the model cannot predict the data's {what} {unknown} (it knows "
+                      f"{sorted(model_classes)}); they count as misses", stacklevel=3)
+    elif unknown:  # nothing in common: the label names differ (PER vs person)
         raise ConfigError(f"{dataset.path}: the data's {what} {unknown} are not among the model's "
                           f"{sorted(model_classes)}; map them with data.label_map (e.g. "
                           f"data.label_map='{{{unknown[0]}: {sorted(model_classes)[0] if model_classes else 'O'}}}', "
