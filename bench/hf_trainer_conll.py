@@ -8,6 +8,10 @@ PositionBiasCallback; the full test F1 from `posbias.evaluate` on the saved fold
     python bench/hf_trainer_conll.py --method rpp --seed 1 --threads 1     # one run (~20-30 min)
     python bench/hf_trainer_conll.py --report                              # the table for BENCHMARKS.md
 
+Run it from a frozen copy of the code (`git archive HEAD | tar -x -C /tmp/snap`, then
+`PYTHONPATH=/tmp/snap python /tmp/snap/bench/...`) when the tree is being edited: a run imports
+modules lazily over its half hour.
+
 D*_train is written to the output folder (bench/out: CoNLL-2003 is never committed).
 """
 from __future__ import annotations
@@ -67,6 +71,32 @@ def run(method: str, seed: int, threads: int) -> dict:
     return record
 
 
+def rescore(method: str, seed: int, threads: int) -> dict:
+    """The metrics of a run whose model was saved but whose record was not written (the process died
+    after `trainer.save_model`): F1(α) through the same callback code on the saved folder, the full
+    test F1 through `posbias.evaluate`. Training metrics (eval_loss) are not recomputed."""
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    import posbias
+    from posbias.config import resolve_path
+    from posbias.hf import PositionBiasCallback
+    from posbias.utils import cpu_name, now_iso, versions
+
+    torch.set_num_threads(threads)
+    run_dir = OUT / f"{method}_seed{seed}"
+    test = resolve_path("shared:conll2003/test.txt")
+    t0 = time.time()
+    model = AutoModelForTokenClassification.from_pretrained(str(run_dir)).eval()
+    metrics = PositionBiasCallback(test, AutoTokenizer.from_pretrained(str(run_dir)), k_max=10).position_metrics(model)
+    metrics["dev_f1"] = posbias.evaluate(str(run_dir), test, task="tagging", progress=False)["f1"]
+    record = {"method": method, "seed": seed, "metrics": metrics, "seconds": None, "rescore_seconds": round(time.time() - t0, 1),
+              "threads": threads, "cpu": cpu_name(), "finished": now_iso(), "versions": versions(),
+              "command": f"python bench/hf_trainer_conll.py --method {method} --seed {seed} --threads {threads} --rescore"}
+    (run_dir / "record.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
+    return record
+
+
 def report() -> str:
     from posbias.analysis.stats import mean_std, paired_ttest
 
@@ -90,8 +120,13 @@ def report() -> str:
         loop = [POSBIAS_LOOP[method][s - 1] for s in sorted(by_seed) if s <= 3]
         rows.append(f"| {method} | {','.join(map(str, sorted(by_seed)))} | {cell('eval_f1_alpha_1')} | {cell('eval_f1_alpha_5')} | "
                     f"{cell('eval_f1_alpha_10')} | {delta} | {cell('dev_f1')} | "
-                    f"{'%.2f ± %.2f' % mean_std(loop)} | {sum(r['seconds'] for r in by_seed.values()) / len(by_seed):.0f} |")
+                    f"{'%.2f ± %.2f' % mean_std(loop)} | {_seconds(by_seed)} |")
     return "\n".join(rows)
+
+
+def _seconds(by_seed: dict) -> str:
+    timed = [r["seconds"] for r in by_seed.values() if r.get("seconds")]
+    return f"{sum(timed) / len(timed):.0f}" if timed else "n/a"
 
 
 def main():
@@ -100,9 +135,12 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--rescore", action="store_true", help="score a run whose model was saved but not recorded")
     args = ap.parse_args()
     if args.report:
         print(report())
+    elif args.rescore:
+        print(json.dumps(rescore(args.method, args.seed, args.threads)["metrics"], indent=2))
     else:
         rec = run(args.method, args.seed, args.threads)
         print(json.dumps({k: rec[k] for k in ("method", "seed", "seconds")} | {"metrics": rec["metrics"]}, indent=2))
