@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union, get_args, get_origin, get_type_hints
@@ -177,6 +178,27 @@ def _from_dict(cls, d: dict, prefix: str = ""):
     return cls(**kwargs)
 
 
+class _YAMLLoader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2's booleans: only true/false. YAML 1.1 also reads no/yes/on/off as
+    booleans, which turned `train.mixed_precision=no` into False."""
+
+
+_YAMLLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_YAMLLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                  list("tTfF"))
+
+
+def yaml_safe_load(text: str):
+    """`yaml.safe_load` (no Python objects), with YAML 1.2 booleans (see `_YAMLLoader`)."""
+    loader = _YAMLLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def _set_dotted(d: dict, dotted: str, value):
     parts = dotted.split(".")
     cur = d
@@ -198,7 +220,7 @@ def parse_overrides(items: list[str]) -> dict:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
         k, v = item.split("=", 1)
         try:
-            value = yaml.safe_load(v) if v.strip() else None
+            value = yaml_safe_load(v) if v.strip() else None
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({problem}); quote it, "
@@ -222,7 +244,7 @@ def load_yaml(path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        d = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        d = yaml_safe_load(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save the config as UTF-8") from None
     except yaml.YAMLError as e:

@@ -293,3 +293,11 @@ def test_data_build_killed_midway_leaves_the_previous_build(tmp_path, monkeypatc
     monkeypatch.setattr(utils, "atomic_write_json", original)
     with pytest.raises(ConfigError, match="holds 'notes.txt', which posbias did not write"):
         truncate.build_dataset([DEMO_DEV], out, split=True, seed=5, sample=30)
+
+
+def test_yaml_no_stays_a_string():
+    """`train.mixed_precision=no` (YAML 1.1 reads no/yes/on/off as booleans); true/false still are."""
+    cfg = build_config(tiny_config(), ["train.mixed_precision=no", "train.length_grouping=false"])
+    assert cfg.train.mixed_precision == "no" and cfg.train.length_grouping is False
+    with pytest.raises(ConfigError, match="train.length_grouping: expected bool, got 'no'"):
+        build_config(tiny_config(), ["train.length_grouping=no"])
