@@ -98,7 +98,7 @@ def rescore(method: str, seed: int, threads: int) -> dict:
 
 
 def report() -> str:
-    from posbias.analysis.stats import mean_std, paired_ttest
+    from posbias.analysis.stats import paired_ttest
 
     recs = {}
     for f in sorted(OUT.glob("*_seed*/record.json")):
@@ -111,7 +111,7 @@ def report() -> str:
         if method not in recs:
             continue
         by_seed = recs[method]
-        cell = lambda key: "%.2f ± %.2f" % mean_std([r["metrics"][key] for r in by_seed.values()])  # noqa: E731
+        cell = lambda key: _mean_sd([r["metrics"][key] for r in by_seed.values()])  # noqa: E731
         f10 = {s: r["metrics"]["eval_f1_alpha_10"] for s, r in by_seed.items()}
         delta = ""
         if method != "none" and base:
@@ -120,8 +120,16 @@ def report() -> str:
         loop = [POSBIAS_LOOP[method][s - 1] for s in sorted(by_seed) if s <= 3]
         rows.append(f"| {method} | {','.join(map(str, sorted(by_seed)))} | {cell('eval_f1_alpha_1')} | {cell('eval_f1_alpha_5')} | "
                     f"{cell('eval_f1_alpha_10')} | {delta} | {cell('dev_f1')} | "
-                    f"{'%.2f ± %.2f' % mean_std(loop)} | {_seconds(by_seed)} |")
+                    f"{_mean_sd(loop)} | {_seconds(by_seed)} |")
     return "\n".join(rows)
+
+
+def _mean_sd(values) -> str:
+    """mean ± sample std; a single value has no std."""
+    from posbias.analysis.stats import mean_std
+
+    mean, std = mean_std(list(values))
+    return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {std:.2f}"
 
 
 def _seconds(by_seed: dict) -> str:
