@@ -21,23 +21,44 @@ class WindowCandidates:
     """Top spans of every window, in unpadded window coordinates.
 
     scores, starts, ends: (n, k); start = end = -1 marks "no valid span". null: (n,) null-answer
-    score (SQuAD v2), NaN when the head has none.
+    score (SQuAD v2), NaN when the head has none. start_chars, end_chars: (n, k) the spans'
+    character span in the context, read from the window's offsets while it is in memory (so
+    decoding needs no window afterwards), or None when some fill did not give them.
     """
 
     scores: np.ndarray
     starts: np.ndarray
     ends: np.ndarray
     null: np.ndarray
+    start_chars: np.ndarray | None = None
+    end_chars: np.ndarray | None = None
 
     @classmethod
     def empty(cls, n: int, k: int) -> "WindowCandidates":
         return cls(np.full((n, k), -np.inf, np.float32), np.full((n, k), -1, np.int64),
-                   np.full((n, k), -1, np.int64), np.full(n, np.nan, np.float32))
+                   np.full((n, k), -1, np.int64), np.full(n, np.nan, np.float32),
+                   np.full((n, k), -1, np.int64), np.full((n, k), -1, np.int64))
 
-    def fill(self, rows: np.ndarray, scores, starts, ends, null) -> None:
+    def fill(self, rows: np.ndarray, scores, starts, ends, null, start_chars=None, end_chars=None) -> None:
         k = scores.shape[1]
         self.scores[rows, :k], self.starts[rows, :k], self.ends[rows, :k] = scores, starts, ends
         self.null[rows] = null
+        if start_chars is None or self.start_chars is None:
+            self.start_chars = self.end_chars = None  # decode reads them from the features' offsets
+        else:
+            self.start_chars[rows, :k], self.end_chars[rows, :k] = start_chars, end_chars
+
+
+def candidate_chars(features: QAFeatures, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start_chars, end_chars), shaped like starts/ends (n, k): character span of each token span of
+    windows 0..n-1 of `features` (-1 where start is -1)."""
+    base = np.r_[0, np.cumsum(features.lengths)[:-1]]  # (n,) first token of each window in `flat`
+    flat = np.concatenate(features.offsets)  # (sum L_i, 2)
+    ok = starts >= 0
+    rows = np.broadcast_to(base[:, None], starts.shape)
+    c0, c1 = np.full(starts.shape, -1, np.int64), np.full(starts.shape, -1, np.int64)
+    c0[ok], c1[ok] = flat[rows[ok] + starts[ok], 0], flat[rows[ok] + ends[ok], 1]
+    return c0, c1
 
 
 def batch_candidates(head, scores: dict, batch: dict, *, k: int, max_answer_len: int,
@@ -83,6 +104,9 @@ def decode(examples: list[QAExample], features: QAFeatures, cands: WindowCandida
            n_best: int = 20, version: int = 1, null_threshold: float = 0.0):
     """Merge window candidates into answers.
 
+    Args:
+        features: the windows' `example_index` (QAFeatures or StreamedFeatures); their offsets are
+            read only when `cands` lacks character spans.
     Returns:
         predictions: id -> answer text ("" = no answer, v2).
         nbest: id -> list of {text, probability, score, start_char, end_char, window, token_start,
@@ -98,11 +122,12 @@ def decode(examples: list[QAExample], features: QAFeatures, cands: WindowCandida
     keep = st >= 0  # windows with fewer than k valid spans padded their rows with -1
     ex, win, sc, st, en = ex[keep], win[keep], sc[keep], st[keep], en[keep]
     kept, group = _top_per_group(ex, sc, n_best)
-    ex, win, sc, st, en = ex[kept], win[kept], sc[kept], st[kept], en[kept]
-    # Character spans and texts of the kept candidates (offsets gathered from one flat array).
-    base = np.r_[0, np.cumsum(features.lengths)[:-1]]
-    flat = np.concatenate(features.offsets)
-    c0, c1 = flat[base[win] + st, 0], flat[base[win] + en, 1]
+    if cands.start_chars is None:
+        c0, c1 = candidate_chars(features, cands.starts, cands.ends)
+    else:
+        c0, c1 = cands.start_chars, cands.end_chars
+    c0, c1 = c0.reshape(-1)[keep], c1.reshape(-1)[keep]
+    ex, win, sc, st, en, c0, c1 = ex[kept], win[kept], sc[kept], st[kept], en[kept], c0[kept], c1[kept]
     contexts = [e.context for e in examples]
     # Each question's best span: the first of its group (spans are sorted best first).
     best_score = np.full(len(examples), -np.inf)

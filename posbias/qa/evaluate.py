@@ -12,12 +12,18 @@ from tqdm.auto import tqdm
 
 from ..batching import move
 from ..config import RunConfig
-from ..errors import ConfigError
-from ..utils import atomic_write_json
+from ..errors import ConfigError, DataError
+from ..utils import atomic_write_json, interactive
 from .collate import collate
-from .decode import WindowCandidates, batch_candidates, decode
+from .decode import WindowCandidates, batch_candidates, candidate_chars, decode
 from .examples import QADataset, QAExample
-from .features import QAFeatures, build_qa_features
+from .features import QAFeatures, StreamedFeatures, build_qa_features, example_chunks
+
+# Evaluation builds windows a few examples at a time (features.StreamedFeatures): the first pass
+# tokenizes EVAL_CHUNK_CHARS characters of questions and contexts at a time, and at most
+# EVAL_CACHE_TOKENS tokens of windows are kept besides the batch in flight.
+EVAL_CHUNK_CHARS = 1 << 18
+EVAL_CACHE_TOKENS = 1 << 18
 
 
 def eval_features(examples: list[QAExample], tokenizer, cfg: RunConfig, source: str) -> QAFeatures:
@@ -27,11 +33,26 @@ def eval_features(examples: list[QAExample], tokenizer, cfg: RunConfig, source: 
                              source=source)
 
 
-def run_windows(model, features: QAFeatures, *, pad_id: int, padding_side: str, batch_size: int,
-                n_best: int, max_answer_len: int, require_max_context: bool = False,
+def eval_windows(examples: list[QAExample], tokenizer, cfg: RunConfig, source: str) -> QAFeatures | StreamedFeatures:
+    """The evaluation windows: built at once when the examples fit in one chunk of
+    EVAL_CHUNK_CHARS characters (one question, a small dev set), else streamed batch by batch."""
+    if len(example_chunks(examples, EVAL_CHUNK_CHARS)) <= 1:
+        return eval_features(examples, tokenizer, cfg, source)
+    d = cfg.data
+    return StreamedFeatures(examples, tokenizer, chunk_chars=EVAL_CHUNK_CHARS, cache_tokens=EVAL_CACHE_TOKENS,
+                            max_seq_len=d.max_seq_len, doc_stride=d.doc_stride, max_query_len=d.max_query_len,
+                            context_first=d.context_first, source=source)
+
+
+def run_windows(model, features: QAFeatures | StreamedFeatures, *, pad_id: int, padding_side: str,
+                batch_size: int, n_best: int, max_answer_len: int, require_max_context: bool = False,
                 accelerator=None, progress: bool = True) -> WindowCandidates:
-    """Top-n_best spans of every window. With an accelerator the windows are split across processes
-    and the candidates gathered on every process."""
+    """Top-n_best spans of every window, with their character spans. With an accelerator the windows
+    are split across processes and the candidates gathered on every process.
+
+    Only the batch's windows are asked of `features` (`select`), and the candidates keep their
+    character spans, so with StreamedFeatures no window outlives its batch. The batches are the same
+    for both kinds of features, hence so are the scores, to the bit."""
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     device = accelerator.device if accelerator else next(model.parameters()).device
     # Longest first: similar lengths share a batch, so dynamic padding wastes little.
@@ -42,24 +63,47 @@ def run_windows(model, features: QAFeatures, *, pad_id: int, padding_side: str, 
     rows = []
     with torch.inference_mode():
         batches = range(0, len(order), batch_size)
-        for b in tqdm(batches, desc="eval", leave=False, disable=not progress or rank != 0):
+        for b in tqdm(batches, desc="eval", leave=False, disable=not progress or rank != 0 or not interactive()):
             idx = order[b:b + batch_size]
-            batch = move(collate(features, idx, pad_id=pad_id, padding_side=padding_side), device)
+            windows = features.select(idx)  # this batch's windows, rows 0..b-1
+            batch = collate(windows, np.arange(len(idx)), pad_id=pad_id, padding_side=padding_side)
+            batch["window"] = torch.from_numpy(idx.astype(np.int64))
+            batch = move(batch, device)
             scores = model(batch)
             sc, st, en, nu = batch_candidates(_unwrap(model).head, scores, batch, k=n_best,
                                               max_answer_len=max_answer_len,
                                               require_max_context=require_max_context)
-            out.fill(idx, sc, st, en, nu)
+            out.fill(idx, sc, st, en, nu, *candidate_chars(windows, st, en))
             rows.append(idx)
+            del windows, batch, scores
+            # Batches of ever shorter windows leave holes in glibc's heap that add up otherwise.
+            release_freed_memory()
     model.train(was_training)
     if world > 1:
         from accelerate.utils import gather_object
 
         mine = np.concatenate(rows) if rows else np.array([], np.int64)
-        parts = gather_object([(mine, out.scores[mine], out.starts[mine], out.ends[mine], out.null[mine])])
-        for idx, sc, st, en, nu in parts:
-            out.fill(idx, sc, st, en, nu)
+        parts = gather_object([(mine, out.scores[mine], out.starts[mine], out.ends[mine], out.null[mine],
+                                 out.start_chars[mine], out.end_chars[mine])])
+        for part in parts:
+            out.fill(*part)
     return out
+
+
+def release_freed_memory() -> None:
+    """Give freed heap pages (a batch's activations, its windows) back to the OS (glibc; else a no-op).
+
+    glibc keeps freed heap pages mapped, and the next batch, of other shapes, or the n-best dicts
+    and JSON text built after the loop (pymalloc arenas, mmapped buffers) rarely reuse them: on
+    SQuAD dev with MiniLM the forward loop's RSS crept to 1.30 GiB without this, 1.22 GiB with it
+    (one 64 x 384 batch itself needs ~0.5 GB on top of ~0.6 GB of libraries and weights).
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _unwrap(model):
@@ -86,8 +130,9 @@ def score_predictions(examples: list[QAExample], predictions: dict, null_odds: d
 
 def predict_examples(model, tokenizer, cfg: RunConfig, examples: list[QAExample], *, source: str,
                      accelerator=None, progress: bool = True):
-    """examples -> (predictions, nbest, null_odds, features, candidates)."""
-    feats = eval_features(examples, tokenizer, cfg, source)
+    """examples -> (predictions, nbest, null_odds, features, candidates); features are QAFeatures
+    for inputs of one chunk (see `eval_windows`), else StreamedFeatures (lengths, example_index)."""
+    feats = eval_windows(examples, tokenizer, cfg, source)
     cands = run_windows(model, feats, pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side,
                         batch_size=cfg.train.eval_batch_size, n_best=cfg.decode.n_best,
                         max_answer_len=cfg.decode.max_answer_len,
@@ -103,6 +148,12 @@ def evaluate_dataset(model, tokenizer, cfg: RunConfig, dataset: QADataset, out_d
                      accelerator=None, progress: bool = True) -> dict:
     """Predict, score and (main process) write predictions.json, nbest.json, null_odds.json, metrics.json
     (the official SQuAD keys, `windows`, `skipped_records` and `by_answer_length`)."""
+    if not _unwrap(model).null_answer and dataset.has_impossible:
+        # A v1 model (no null answer) cannot be scored by v1 rules on a question without a gold answer.
+        qid = next(e.id for e in dataset.examples if e.is_impossible)
+        raise DataError(dataset.path, qid, "question is unanswerable (is_impossible), but the model has no "
+                                           "null answer (trained on SQuAD v1 data); evaluate it on answerable "
+                                           "questions only")
     preds, nbest, null_odds, feats, _ = predict_examples(model, tokenizer, cfg, dataset.examples,
                                                          source=dataset.path, accelerator=accelerator,
                                                          progress=progress)
@@ -148,30 +199,32 @@ def predict_checkpoint(model, question: str | None = None, context: str | None =
     """
     import time
 
-    from ..checkpoint import eval_config, load_checkpoint, write_run_meta
+    from ..checkpoint import load_for_eval, staged_output, write_run_meta
     from ..config import build_config
     from .readers import read_dataset
 
     if (question is None) != (context is None) or (question is None) == (data is None):
         raise ConfigError("predict needs either question and context, or data")
-    net, tokenizer, mcfg = load_checkpoint(model, task="qa")
-    cfg = eval_config(mcfg, overrides)
-    if n_best:
-        cfg = build_config(cfg.to_dict(), {"decode": {"n_best": n_best}})
-    t0 = time.time()
-    skipped = []
-    if data is not None:
-        ds = read_dataset(data, cfg.data.on_bad_record)
-        examples, source, skipped = ds.examples, ds.path, ds.skipped
-    else:
-        if not question.strip() or not context.strip():
-            raise ConfigError("question and context must be non-empty")
-        examples, source = [QAExample(id="q0", question=question, context=context)], "<command line>"
-    preds, nbest, null_odds, _, _ = predict_examples(net, tokenizer, cfg, examples, source=source,
-                                                     progress=progress)
-    if output_dir is not None:
-        write_predictions(output_dir, preds, nbest, null_odds)
-        write_run_meta(output_dir, cfg, "predict", model, source, t0, skipped=skipped)
+    if n_best is not None and n_best < 1:
+        raise ConfigError(f"--n-best must be >= 1, got {n_best} (it sets decode.n_best)")
+    with staged_output(output_dir) as out:
+        net, tokenizer, cfg = load_for_eval(model, overrides, "qa")
+        if n_best is not None:
+            cfg = build_config(cfg.to_dict(), {"decode": {"n_best": n_best}})
+        t0 = time.time()
+        skipped = []
+        if data is not None:
+            ds = read_dataset(data, cfg.data.on_bad_record)
+            examples, source, skipped = ds.examples, ds.path, ds.skipped
+        else:
+            if not question.strip() or not context.strip():
+                raise ConfigError("question and context must be non-empty")
+            examples, source = [QAExample(id="q0", question=question, context=context)], "<command line>"
+        preds, nbest, null_odds, _, _ = predict_examples(net, tokenizer, cfg, examples, source=source,
+                                                         progress=progress)
+        if out is not None:
+            write_predictions(out, preds, nbest, null_odds)
+            write_run_meta(out, cfg, "predict", model, source, t0, skipped=skipped)
     result = {}
     for e in examples:
         top = next((c for c in nbest[e.id] if c["text"] == preds[e.id]), None)

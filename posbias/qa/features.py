@@ -140,6 +140,33 @@ def _max_context(offsets: list[np.ndarray], windows: list[int]) -> None:
     return [masks[w] for w in windows]
 
 
+def _encode(examples: list[QAExample], tokenizer, *, max_seq_len: int, doc_stride: int, max_query_len: int,
+            ctx_first: bool, source: str, offsets: bool = True):
+    """(the tokenizer's windows of every example, number of questions cut): the one tokenizer call
+    that both `build_qa_features` and `window_lengths` make, so their windows agree exactly
+    (`offsets` only decides whether the offsets, computed anyway, are converted to Python)."""
+    # HF strips leading whitespace from questions: some tokenizers would spend a token on it.
+    questions = [e.question.lstrip() for e in examples]
+    questions, n_cut = _truncate_questions(questions, tokenizer, max_query_len)
+    contexts = [e.context for e in examples]
+    first, second = (contexts, questions) if ctx_first else (questions, contexts)
+    try:
+        # No attention mask: nothing reads it, and its Python list costs 8 bytes a token.
+        enc = tokenizer(first, second, truncation="only_first" if ctx_first else "only_second",
+                        max_length=max_seq_len, stride=doc_stride, return_overflowing_tokens=True,
+                        return_offsets_mapping=offsets, return_attention_mask=False, padding=False)
+    except Exception as err:  # find the culprit instead of surfacing a Rust stack trace
+        for e, q in zip(examples, questions):
+            try:
+                a, b = (e.context, q) if ctx_first else (q, e.context)
+                tokenizer(a, b, truncation="only_first" if ctx_first else "only_second",
+                          max_length=max_seq_len, stride=doc_stride, return_overflowing_tokens=True)
+            except Exception as one:
+                raise DataError(source, e.id, f"tokenizer failed: {one}") from None
+        raise DataError(source, None, f"tokenizer failed: {err}") from None
+    return enc, n_cut
+
+
 def build_qa_features(
     examples: list[QAExample],
     tokenizer,
@@ -176,25 +203,8 @@ def build_qa_features(
     if unanswerable_windows == "cls" and version == 1:
         raise ConfigError("data.unanswerable_windows=cls needs data.version=2 (a null position in the head)")
     ctx_first = resolve_context_first(tokenizer, context_first)
-
-    # HF strips leading whitespace from questions: some tokenizers would spend a token on it.
-    questions = [e.question.lstrip() for e in examples]
-    questions, n_cut = _truncate_questions(questions, tokenizer, max_query_len)
-    contexts = [e.context for e in examples]
-    first, second = (contexts, questions) if ctx_first else (questions, contexts)
-    try:
-        enc = tokenizer(first, second, truncation="only_first" if ctx_first else "only_second",
-                        max_length=max_seq_len, stride=doc_stride, return_overflowing_tokens=True,
-                        return_offsets_mapping=True, padding=False)
-    except Exception as err:  # find the culprit instead of surfacing a Rust stack trace
-        for e, q in zip(examples, questions):
-            try:
-                a, b = (e.context, q) if ctx_first else (q, e.context)
-                tokenizer(a, b, truncation="only_first" if ctx_first else "only_second",
-                          max_length=max_seq_len, stride=doc_stride, return_overflowing_tokens=True)
-            except Exception as one:
-                raise DataError(source, e.id, f"tokenizer failed: {one}") from None
-        raise DataError(source, None, f"tokenizer failed: {err}") from None
+    enc, n_cut = _encode(examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride,
+                         max_query_len=max_query_len, ctx_first=ctx_first, source=source)
 
     ctx_seq = 0 if ctx_first else 1
     cls_id = tokenizer.cls_token_id
@@ -271,3 +281,111 @@ def build_qa_features(
         cls_index=np.array(cls_idx, dtype=np.int64), example_index=ex_idx_arr,
         start_positions=np.array(starts, dtype=np.int64), end_positions=np.array(ends, dtype=np.int64),
         stats=stats, question_mask=qmask)
+
+
+def window_lengths(examples: list[QAExample], tokenizer, *, max_seq_len: int = 384, doc_stride: int = 128,
+                   max_query_len: int = 64, context_first: str = "auto",
+                   source: str = "<examples>") -> tuple[np.ndarray, np.ndarray]:
+    """(lengths (n,), example_index (n,)) of the windows `build_qa_features(..., train=False)` makes,
+    without building them (evaluation windows are never dropped: one per tokenizer window)."""
+    check_fast_tokenizer(tokenizer)
+    if not examples:
+        raise DataError(source, None, "no examples to build features from")
+    enc, _ = _encode(examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride,
+                     max_query_len=max_query_len, ctx_first=resolve_context_first(tokenizer, context_first),
+                     source=source, offsets=False)
+    lengths = np.array([len(x) for x in enc["input_ids"]], dtype=np.int64)
+    return lengths, np.array(enc["overflow_to_sample_mapping"], dtype=np.int64)
+
+
+def example_chunks(examples: list[QAExample], max_chars: int) -> list[tuple[int, int]]:
+    """Consecutive [lo, hi) slices of examples holding at most `max_chars` characters of question and
+    context each (one example at least, however long)."""
+    chunks, lo, chars = [], 0, 0
+    for i, e in enumerate(examples):
+        n = len(e.context) + len(e.question)
+        if i > lo and chars + n > max_chars:
+            chunks.append((lo, i))
+            lo, chars = i, 0
+        chars += n
+    if lo < len(examples):
+        chunks.append((lo, len(examples)))
+    return chunks
+
+
+class StreamedFeatures:
+    """The evaluation windows of many examples, built on demand instead of all at once.
+
+    A first pass tokenizes the examples `chunk_chars` characters at a time and keeps only each
+    window's length and example (16 bytes a window). `select(idx)` then builds the windows a batch
+    needs from their examples and keeps the examples' windows in a small cache, so memory follows
+    the batches in flight instead of the file (a window of BERT features with its Python
+    intermediates costs ~0.5 KB a token; SQuAD dev has 2-4 million window tokens).
+
+    Window numbering, windows and example indices equal those of
+    `build_qa_features(examples, train=False)`, so a caller batching by `lengths` runs exactly the
+    batches it would run on the full features.
+
+    Attributes:
+        lengths: (n,) tokens of each window.
+        example_index: (n,) example of each window (non-decreasing).
+    """
+
+    def __init__(self, examples: list[QAExample], tokenizer, *, chunk_chars: int = 1 << 18,
+                 cache_tokens: int = 1 << 18, **options):
+        """options: the window keywords of `build_qa_features` (max_seq_len, doc_stride, max_query_len,
+        context_first, source)."""
+        self.examples, self.tokenizer, self.options = examples, tokenizer, options
+        self.cache_tokens = cache_tokens
+        chunks = example_chunks(examples, chunk_chars) or [(0, 0)]  # no examples: window_lengths raises
+        parts = [window_lengths(examples[lo:hi], tokenizer, **options) for lo, hi in chunks]
+        self.lengths = np.concatenate([n for n, _ in parts])
+        self.example_index = np.concatenate([ex + lo for (_, ex), (lo, _) in zip(parts, chunks)])
+        counts = np.bincount(self.example_index, minlength=len(examples))
+        self._first = np.r_[0, np.cumsum(counts)[:-1]]  # (examples,) number of the example's first window
+        self._left = counts.copy()  # windows of each example not selected yet
+        self._tokens = np.bincount(self.example_index, weights=self.lengths, minlength=len(examples))
+        self._cache: dict[int, QAFeatures] = {}  # example -> its windows (insertion order = last use)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def select(self, idx) -> QAFeatures:
+        """Windows `idx` (file numbering), in that order; example indices are the file's.
+
+        Meant for a loop that selects each window once: an example leaves the cache as soon as all
+        its windows were selected (selecting one again rebuilds it).
+        """
+        idx = np.asarray(idx, dtype=np.int64)
+        ex = self.example_index[idx]
+        need = set(np.unique(ex).tolist())
+        missing = sorted(need - self._cache.keys())
+        if missing:
+            built = build_qa_features([self.examples[e] for e in missing], self.tokenizer, train=False,
+                                      **self.options)
+            for j, e in enumerate(missing):
+                self._cache[e] = built.select(np.flatnonzero(built.example_index == j))
+        for e in need:  # most recently used last
+            self._cache[e] = self._cache.pop(e)
+        rows = [(self._cache[e], w) for e, w in zip(ex.tolist(), (idx - self._first[ex]).tolist())]
+        out = QAFeatures(
+            input_ids=[f.input_ids[w] for f, w in rows],
+            token_type_ids=None if rows[0][0].token_type_ids is None else [f.token_type_ids[w] for f, w in rows],
+            offsets=[f.offsets[w] for f, w in rows], max_context=[f.max_context[w] for f, w in rows],
+            cls_index=np.array([f.cls_index[w] for f, w in rows], dtype=np.int64), example_index=ex,
+            start_positions=np.full(len(idx), -1, np.int64), end_positions=np.full(len(idx), -1, np.int64),
+            question_mask=[f.question_mask[w] for f, w in rows])
+        np.subtract.at(self._left, ex, 1)
+        for e in need:
+            if self._left[e] <= 0:  # every window of the example is done
+                del self._cache[e]
+        # Over budget: drop the least recently used examples (not this batch's); their remaining
+        # windows are rebuilt when asked for.
+        held = sum(self._tokens[e] for e in self._cache)
+        for e in list(self._cache):
+            if held <= self.cache_tokens:
+                break
+            if e not in need:
+                held -= self._tokens[e]
+                del self._cache[e]
+        return out
