@@ -115,3 +115,18 @@ def _register_interrupt():
 
 
 _register_interrupt()
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_folder(tmp_path_factory):
+    """A bare random BERT folder (TINY_ENCODER) with the bundled tiny tokenizer: what a Hub id such as
+    bert-base-cased resolves to, for tests of users' own Hugging Face scripts."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    out = tmp_path_factory.mktemp("tiny_bert")
+    tok = AutoTokenizer.from_pretrained(str(RESOURCES / "tiny_tokenizer"))
+    torch.manual_seed(0)
+    config = {k: v for k, v in TINY_ENCODER.items() if k != "model_type"}
+    BertModel(BertConfig(vocab_size=len(tok), **config)).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return str(out)

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import (AutoTokenizer, BertConfig, BertForQuestionAnswering, BertForTokenClassification,
-                          BertModel)
+from transformers import AutoTokenizer, BertForQuestionAnswering, BertForTokenClassification
 
 from posbias.config import RESOURCES
 
@@ -28,15 +27,8 @@ def _example(name):
 
 
 @pytest.fixture(scope="module")
-def tiny_encoder(tmp_path_factory):
-    """A bare random BERT folder with the bundled tiny tokenizer: what a Hub id resolves to."""
-    out = tmp_path_factory.mktemp("tiny_bert")
-    tok = AutoTokenizer.from_pretrained(str(RESOURCES / "tiny_tokenizer"))
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=64, max_position_embeddings=512)).save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    return str(out)
+def tiny_encoder(tiny_bert_folder):
+    return tiny_bert_folder
 
 
 def _record_forward(monkeypatch, cls):

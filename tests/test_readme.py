@@ -7,9 +7,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
-
-from posbias.config import RESOURCES
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
@@ -21,16 +18,8 @@ def test_readme_has_python_snippets():
 
 
 @pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    out = tmp_path_factory.mktemp("bert")
-    tok = AutoTokenizer.from_pretrained(str(RESOURCES / "tiny_tokenizer"))
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=64)).save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    return str(out)
+def tiny_bert(tiny_bert_folder):
+    return tiny_bert_folder
 
 
 def _stand_ins(tiny_bert):
