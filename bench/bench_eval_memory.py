@@ -78,6 +78,11 @@ def main() -> None:
         result["identical_outputs"] = {
             f: filecmp.cmp(out / "before" / f, out / "after" / f, shallow=False)
             for f in COMPARED if (out / "before" / f).exists()}
+        # Batching (train.eval_batch_tokens) moves n-best probabilities in the last bits: compare answers.
+        before, after = (json.loads((out / r / "predictions.json").read_text()) for r in ("before", "after"))
+        result["same_predictions"] = before == after
+        result["metrics"] = {r: {k: v for k, v in json.loads((out / r / "metrics.json").read_text()).items()
+                                 if k in ("exact_match", "f1", "exact", "HasAns_f1")} for r in ("before", "after")}
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
 
     print("| run | peak RSS | wall time | CPU (1 thread) | date | command |")
@@ -87,6 +92,7 @@ def main() -> None:
               f"{result['date'][:10]} | `{r['command']}` |")
     if "identical_outputs" in result:
         print("identical outputs:", result["identical_outputs"])
+        print("same predictions:", result["same_predictions"], "metrics:", result["metrics"])
     print(f"wrote {out / 'result.json'}")
 
 

@@ -33,6 +33,22 @@ def batch_order(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, *,
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+def eval_batches(order: np.ndarray, lengths: np.ndarray, batch_size: int,
+                 max_tokens: int | None = None) -> list[np.ndarray]:
+    """Consecutive slices of `order` (indices sorted longest first) for evaluation: at most
+    `batch_size` items, and at most `max_tokens` padded tokens (items x the slice's first, longest,
+    length; always at least one item). The memory of a forward pass grows with the tokens in flight,
+    so the budget bounds it whatever the sequence length; None: `batch_size` alone."""
+    out, b = [], 0
+    while b < len(order):
+        n = batch_size
+        if max_tokens is not None:
+            n = min(n, max(1, max_tokens // max(1, int(lengths[order[b]]))))
+        out.append(order[b:b + n])
+        b += n
+    return out
+
+
 def move(batch: dict, device) -> dict:
     """The batch's tensors on `device`."""
     return {k: v.to(device) for k, v in batch.items()}

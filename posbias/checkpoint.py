@@ -53,7 +53,7 @@ def read_posbias_files(path) -> tuple[RunConfig, dict]:
         if not (root / f).is_file():
             raise ConfigError(f"{root / f} is missing: {path} is an incomplete posbias checkpoint")
     try:
-        cfg = load_config(root / CHECKPOINT_CONFIG)
+        cfg = load_config(root / CHECKPOINT_CONFIG, saved=True)
     except ConfigError as e:  # name the file once, on one line
         msg, file = one_line(e), str(root / CHECKPOINT_CONFIG)
         raise ConfigError(msg if file in msg else f"{file}: {msg}") from None

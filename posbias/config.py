@@ -79,6 +79,10 @@ class TrainConfig:
     """Passed to accelerate (`no`, `bf16`, `fp16`)."""
     eval_batch_size: int = 64
     """Windows per batch at evaluation."""
+    eval_batch_tokens: int | None = 8192
+    """At most this many padded tokens (windows x longest window) per evaluation batch, so that the
+    memory of evaluation follows the tokens in flight (8192: 21 windows of 384, 64 of 128). None:
+    `eval_batch_size` alone. Not part of the config hash: batching moves scores in the last bits only."""
     num_threads: int | None = None
     """torch intra-op threads (CPU); default leaves torch's choice."""
     report_to: list | str = field(default_factory=list)
@@ -101,6 +105,21 @@ HASH_NEUTRAL_DEFAULTS = {("data", "train_subset"): "first", ("train", "early_sto
                          ("data", "label_map"): None, ("data", "tags_column"): None}
 
 
+# Keys added with a default that changes behaviour (to follow a paper, issue 29): a config saved
+# before the key existed (a checkpoint's posbias.yaml, a run recorded by an experiment) meant the
+# value here. `build_config(..., saved=True)` fills it in for such configs, and the hash leaves it out
+# at that value, so recorded runs and trained checkpoints keep what they were.
+# (task, section, key) -> the value a saved config without the key had.
+SAVED_BEFORE_KEY: dict[tuple[str, str, str], object] = {}
+
+
+def _hash_neutral(task: str) -> dict:
+    """(section, key) -> value left out of the hash for this task's configs."""
+    out = dict(HASH_NEUTRAL_DEFAULTS)
+    out.update({(section, key): v for (t, section, key), v in SAVED_BEFORE_KEY.items() if t == task})
+    return out
+
+
 class RunConfig:
     """What every task's run config has (`posbias.qa.config.QAConfig`, `posbias.tagging.config.
     TaggingConfig`): `task`, `model`, `data` (with train_file, eval_file, max_seq_len, on_bad_record,
@@ -116,7 +135,8 @@ class RunConfig:
         d["train"].pop("output_dir", None)
         d["train"].pop("device", None)
         d["train"].pop("report_to", None)  # where curves are sent changes nothing of the run
-        for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
+        d["train"].pop("eval_batch_tokens", None)  # evaluation batching: last bits of scores only
+        for (section, key), default in _hash_neutral(d.get("task", "qa")).items():
             if section in d and key in d[section] and d[section][key] == default:
                 del d[section][key]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
@@ -256,11 +276,23 @@ def load_yaml(path) -> dict:
     return d
 
 
-def build_config(d: dict | None = None, overrides: list[str] | dict | None = None) -> RunConfig:
-    """Config from a dict plus overrides, validated; `task` (default `qa`) picks the config class."""
+def build_config(d: dict | None = None, overrides: list[str] | dict | None = None, *,
+                 saved: bool = False) -> RunConfig:
+    """Config from a dict plus overrides, validated; `task` (default `qa`) picks the config class.
+
+    `saved`: `d` is a resolved config that posbias wrote (a checkpoint's, a recorded run's): keys it
+    lacks because they were added later take the value that keeps its old behaviour
+    (`SAVED_BEFORE_KEY`), not today's default."""
     from .tasks import get_task
 
     d = dict(d or {})
+    task = d.get("task", "qa")
+    if not isinstance(task, str):
+        raise ConfigError(f"task must be a string, got {task!r}")
+    if saved:
+        for (t, section, key), value in SAVED_BEFORE_KEY.items():
+            if t == task and isinstance(d.get(section), dict) and key not in d[section]:
+                d[section] = {**d[section], key: value}
     if overrides:
         d = deep_merge(d, overrides if isinstance(overrides, dict) else parse_overrides(overrides))
     task = d.get("task", "qa")
@@ -271,9 +303,10 @@ def build_config(d: dict | None = None, overrides: list[str] | dict | None = Non
     return cfg
 
 
-def load_config(path=None, overrides: list[str] | dict | None = None) -> RunConfig:
-    """Load a YAML preset (or defaults when `path` is None), apply overrides, validate."""
-    return build_config(load_yaml(path) if path else {}, overrides)
+def load_config(path=None, overrides: list[str] | dict | None = None, *, saved: bool = False) -> RunConfig:
+    """Load a YAML preset (or defaults when `path` is None), apply overrides, validate; `saved`: a
+    config posbias wrote (see `build_config`)."""
+    return build_config(load_yaml(path) if path else {}, overrides, saved=saved)
 
 
 def preset_path(spec) -> Path:
@@ -327,8 +360,9 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.early_stopping_patience must be >= 1 (or null), got {t.early_stopping_patience}")
     for key, v in [("data.max_seq_len", d.max_seq_len), ("train.batch_size", t.batch_size),
                    ("train.grad_accum", t.grad_accum), ("train.eval_batch_size", t.eval_batch_size),
+                   ("train.eval_batch_tokens", t.eval_batch_tokens),
                    ("train.log_every", t.log_every), ("train.group_batches", t.group_batches)]:
-        if v < 1:
+        if v is not None and v < 1:
             raise ConfigError(f"{key} must be >= 1, got {v}")
     if t.epochs <= 0 and not t.max_steps:
         raise ConfigError("train.epochs must be > 0 (or set train.max_steps)")

@@ -807,7 +807,7 @@ def _eval_examples(results: dict, run: dict, eval_set: str):
     spec = cfg["data"]["eval_file"] if eval_set == "val" else (results["spec"].get("eval_sets") or {}).get(eval_set)
     if spec is None:
         return None
-    ds = get_task(cfg.get("task", "qa")).read(spec, build_config(cfg))
+    ds = get_task(cfg.get("task", "qa")).read(spec, build_config(cfg, saved=True))
     if eval_set == "val" and cfg["data"].get("max_eval_examples"):
         ds.examples = ds.examples[: cfg["data"]["max_eval_examples"]]
     return ds.examples

@@ -72,7 +72,7 @@ from .utils import atomic_write_json, atomic_write_text, interactive, now_iso, r
 # Keys that may change when a run is resumed (extending or re-scheduling it); anything else must
 # equal the checkpoint's config, or the resumed run would silently be a different experiment.
 RESUMABLE_CHANGES = {"epochs", "max_steps", "eval_every", "log_every", "save_every", "output_dir",
-                     "num_threads", "eval_batch_size", "device", "report_to"}
+                     "num_threads", "eval_batch_size", "eval_batch_tokens", "device", "report_to"}
 
 
 def _param_groups(model, weight_decay: float):
@@ -91,7 +91,7 @@ def _adamw(groups, lr: float):
 
 
 def _check_resume(cfg: RunConfig, ckpt: Path) -> None:
-    old = load_config(ckpt / "posbias.yaml").to_dict()
+    old = load_config(ckpt / "posbias.yaml", saved=True).to_dict()
     new = cfg.to_dict()
     for section in new:
         a, b = old.get(section), new[section]

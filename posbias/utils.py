@@ -1,6 +1,7 @@
 """Small shared helpers: atomic file writes, run metadata, seeding."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -19,14 +20,18 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read the process umask (os.umask can only read it by setting it)
 
 
-def atomic_write_text(path, text: str) -> None:
-    """Write via a temporary file + rename, so a crash never leaves a half-written file."""
+def atomic_write_text(path, text) -> None:
+    """Write via a temporary file + rename, so a crash never leaves a half-written file. `text` is a
+    string or an iterable of strings written one after another (nothing joined in memory)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+            if isinstance(text, str):
+                f.write(text)
+            else:
+                f.writelines(text)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; results are for sharing
         os.replace(tmp, path)
     except BaseException:
@@ -35,7 +40,25 @@ def atomic_write_text(path, text: str) -> None:
 
 
 def atomic_write_json(path, obj, indent: int | None = 2) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
+    """`json.dumps(obj, indent=indent, ensure_ascii=False)` plus a newline, written atomically and
+    streamed: the text is never held whole in memory (SQuAD dev's nbest.json is ~150 MB)."""
+    atomic_write_text(path, itertools.chain(_json_chunks(obj, indent), ["\n"]))
+
+
+def _json_chunks(obj, indent: int | None):
+    """The text of `json.dumps(obj, indent=indent, ensure_ascii=False)` in pieces: a dict with string
+    keys one item at a time (each item through json's C encoder), anything else whole."""
+    if not (isinstance(obj, dict) and obj and all(isinstance(k, str) for k in obj)):
+        yield json.dumps(obj, indent=indent, ensure_ascii=False)
+        return
+    # JSON strings hold no raw newline, so indenting an item's lines by one level is a replace.
+    pad = "\n" + " " * indent if indent is not None else ""
+    sep = "," + pad if indent is not None else ", "
+    yield "{" + pad
+    for i, (key, value) in enumerate(obj.items()):
+        item = json.dumps(value, indent=indent, ensure_ascii=False)
+        yield (sep if i else "") + json.dumps(key, ensure_ascii=False) + ": " + (item.replace("\n", pad) if pad else item)
+    yield ("\n" if indent is not None else "") + "}"
 
 
 def replace_dir(tmp_dir: Path, final_dir: Path) -> None:

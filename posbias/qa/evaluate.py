@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..batching import move
+from ..batching import eval_batches, move
 from ..config import RunConfig
 from ..errors import ConfigError, DataError
 from ..utils import atomic_write_json, interactive
@@ -46,13 +46,14 @@ def eval_windows(examples: list[QAExample], tokenizer, cfg: RunConfig, source: s
 
 def run_windows(model, features: QAFeatures | StreamedFeatures, *, pad_id: int, padding_side: str,
                 batch_size: int, n_best: int, max_answer_len: int, require_max_context: bool = False,
-                accelerator=None, progress: bool = True) -> WindowCandidates:
+                max_tokens: int | None = None, accelerator=None, progress: bool = True) -> WindowCandidates:
     """Top-n_best spans of every window, with their character spans. With an accelerator the windows
     are split across processes and the candidates gathered on every process.
 
     Only the batch's windows are asked of `features` (`select`), and the candidates keep their
     character spans, so with StreamedFeatures no window outlives its batch. The batches are the same
-    for both kinds of features, hence so are the scores, to the bit."""
+    for both kinds of features, hence so are the scores, to the bit. A batch holds at most
+    `batch_size` windows and `max_tokens` padded tokens (`batching.eval_batches`)."""
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     device = accelerator.device if accelerator else next(model.parameters()).device
     # Longest first: similar lengths share a batch, so dynamic padding wastes little.
@@ -62,9 +63,8 @@ def run_windows(model, features: QAFeatures | StreamedFeatures, *, pad_id: int, 
     model.eval()
     rows = []
     with torch.inference_mode():
-        batches = range(0, len(order), batch_size)
-        for b in tqdm(batches, desc="eval", leave=False, disable=not progress or rank != 0 or not interactive()):
-            idx = order[b:b + batch_size]
+        batches = eval_batches(order, features.lengths, batch_size, max_tokens)
+        for idx in tqdm(batches, desc="eval", leave=False, disable=not progress or rank != 0 or not interactive()):
             windows = features.select(idx)  # this batch's windows, rows 0..b-1
             batch = collate(windows, np.arange(len(idx)), pad_id=pad_id, padding_side=padding_side)
             batch["window"] = torch.from_numpy(idx.astype(np.int64))
@@ -134,7 +134,8 @@ def predict_examples(model, tokenizer, cfg: RunConfig, examples: list[QAExample]
     for inputs of one chunk (see `eval_windows`), else StreamedFeatures (lengths, example_index)."""
     feats = eval_windows(examples, tokenizer, cfg, source)
     cands = run_windows(model, feats, pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side,
-                        batch_size=cfg.train.eval_batch_size, n_best=cfg.decode.n_best,
+                        batch_size=cfg.train.eval_batch_size, max_tokens=cfg.train.eval_batch_tokens,
+                        n_best=cfg.decode.n_best,
                         max_answer_len=cfg.decode.max_answer_len,
                         require_max_context=cfg.decode.require_max_context, accelerator=accelerator,
                         progress=progress)

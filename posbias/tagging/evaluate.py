@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..batching import move
+from ..batching import eval_batches, move
 from ..errors import ConfigError
 from ..utils import atomic_write_json, atomic_write_text, interactive
 from . import metrics
@@ -36,7 +36,8 @@ def _unwrap(model):
 
 
 def run_windows(model, features: TaggingFeatures, n_words: np.ndarray, *, pad_id: int, padding_side: str,
-                batch_size: int, accelerator=None, progress: bool = True) -> np.ndarray:
+                batch_size: int, max_tokens: int | None = None, accelerator=None,
+                progress: bool = True) -> np.ndarray:
     """Predicted label id of every word, as one flat array over the sentences' words in order.
 
     With an accelerator the windows are split across processes and the predictions gathered on
@@ -52,9 +53,8 @@ def run_windows(model, features: TaggingFeatures, n_words: np.ndarray, *, pad_id
     model.eval()
     flat, labels = [], []
     with torch.inference_mode():
-        for b in tqdm(range(0, len(order), batch_size), desc="eval", leave=False,
-                      disable=not progress or rank != 0 or not interactive()):
-            idx = order[b:b + batch_size]
+        for idx in tqdm(eval_batches(order, features.lengths, batch_size, max_tokens), desc="eval", leave=False,
+                        disable=not progress or rank != 0 or not interactive()):
             batch = collate(features, idx, pad_id=pad_id, padding_side=padding_side)
             pick = batch["predict"]  # (b, s) bool
             logits = model(move(batch, device))["logits"]  # (b, s, c)
@@ -84,7 +84,8 @@ def predict_examples(model, tokenizer, cfg, examples: list[TaggingExample], *, s
     feats = eval_features(examples, tokenizer, cfg, source)
     n_words = np.array([len(e.words) for e in examples], dtype=np.int64)
     ids = run_windows(model, feats, n_words, pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side,
-                      batch_size=cfg.train.eval_batch_size, accelerator=accelerator, progress=progress)
+                      batch_size=cfg.train.eval_batch_size, max_tokens=cfg.train.eval_batch_tokens,
+                      accelerator=accelerator, progress=progress)
     labels = np.array(_unwrap(model).labels, dtype=object)[ids]
     bounds = np.cumsum(n_words)[:-1]
     return [list(x) for x in np.split(labels, bounds)]

@@ -127,3 +127,46 @@ def test_evaluation_memory_follows_the_chunk_not_the_file(tokenizer, demo_exampl
         tracemalloc.stop()
     assert len(preds) == 270
     assert peak < 10 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+
+
+def test_eval_batches_respect_windows_and_tokens():
+    from posbias.batching import eval_batches
+
+    lengths = np.array([10, 384, 200, 384, 50, 128, 5, 300])
+    order = np.argsort(-lengths, kind="stable")
+    for size, tokens in [(64, None), (3, None), (64, 1000), (2, 1000), (64, 100)]:
+        batches = eval_batches(order, lengths, size, tokens)
+        np.testing.assert_array_equal(np.concatenate(batches), order)  # every window once, in order
+        for idx in batches:
+            assert 1 <= len(idx) <= size
+            if tokens is not None and len(idx) > 1:
+                assert len(idx) * lengths[idx].max() <= tokens
+    assert [len(b) for b in eval_batches(order, lengths, 64, 1000)] == [2, 3, 3]  # 384,384 | 300,200,128 | 50,10,5
+    assert [len(b) for b in eval_batches(order, lengths, 64, 100)] == [1, 1, 1, 1, 1, 2, 1]  # 50+50 fit; 10 alone
+
+
+def test_token_budget_bounds_the_activations_and_keeps_the_answers(tokenizer, demo_examples):
+    """`train.eval_batch_tokens` caps the padded tokens of a forward pass, so the largest tensor of a
+    batch (the head's (b, s) logits stand for it here) follows the budget, and the answers stay."""
+    model = tiny_model(tokenizer)
+    examples = demo_examples[:80]
+    seen = []
+    model.register_forward_hook(lambda m, args, out: seen.append(args[0]["input_ids"].numel()))
+    answers = {}
+    for tokens in (None, 600):
+        cfg = build_config(tiny_config(data=dict(WINDOWS), train={"eval_batch_size": 64, "eval_batch_tokens": tokens}))
+        seen.clear()
+        answers[tokens] = ev.predict_examples(model, tokenizer, cfg, examples, source="demo", progress=False)[0]
+        if tokens is None:
+            assert max(seen) > 600 * 5  # 64 windows of up to 96 tokens
+        else:
+            assert max(seen) <= 600
+    assert answers[None] == answers[600]
+
+
+def test_config_hash_ignores_the_eval_token_budget():
+    a = build_config(tiny_config())
+    b = build_config(tiny_config(train={"eval_batch_tokens": 123}))
+    assert a.hash() == b.hash()
+    with pytest.raises(Exception, match="eval_batch_tokens"):
+        build_config(tiny_config(train={"eval_batch_tokens": 0}))
