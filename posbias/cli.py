@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", required=True, help="diagnosis.md/.html/.json and plots go here")
     p.add_argument("--k-max", type=int, default=10, help="duplicate each sentence k = 1..K times (default 10)")
     p.add_argument("--quantiles", type=float, nargs=2, default=[0.25, 0.75], metavar=("LOW", "HIGH"),
-                   help="D*: sentences whose length lies between these quantiles (default Q1 Q3)")
+                   help="D*: sentences whose length lies between these quantiles of the model's data.length_pool (default Q1 Q3)")
     p.add_argument("--all-sentences", action="store_true", help="no length subset: evaluate every sentence that fits")
     p.add_argument("--modes", nargs="+", default=["duplicate", "shift"], choices=["duplicate", "shift"])
     p.add_argument("--max-len", type=int, default=None, help="tokens per input (default: the model's position table)")
@@ -175,11 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--truncate", type=int, help="D_L: keep the first L words of every context")
     q.add_argument("--truncate-range", type=int, nargs=2, metavar=("L1", "L2"),
                    help="D_L1~L2: each instance keeps a random k in [L1, L2] words")
-    q.add_argument("--split", action="store_true", help="write random validation/test halves")
+    q.add_argument("--split", action="store_true",
+                   help="write random validation/test halves, drawn before truncation (§4.1): every "
+                        "D set built from one file with one --seed has the same halves")
     q.add_argument("--by-article", action="store_true", help="split by whole articles")
     q.add_argument("--seed", type=int, default=13)
     q.add_argument("--keep-unanswerable", action="store_true",
-                   help="keep instances whose answers were all cut off (as is_impossible; the paper does for train)")
+                   help="keep instances whose answers were all cut off, as is_impossible (the paper does "
+                        "for train, App. B.2); a v1 input still writes a v1.1 file: training labels their "
+                        "windows [CLS] (data.unanswerable_windows: cls) and evaluation stays v1")
     q.add_argument("--exclude-ambiguous", action="store_true",
                    help="drop questions flagged answer_start_ambiguous (the rebuilt SQuAD train set)")
     q.add_argument("--name", default="data", help="file name without --split")

@@ -102,7 +102,8 @@ class TrainConfig:
 # Config keys added after experiments were recorded: at these values they change nothing, and are
 # left out of the hash.
 HASH_NEUTRAL_DEFAULTS = {("data", "train_subset"): "first", ("train", "early_stopping_patience"): None,
-                         ("data", "label_map"): None, ("data", "tags_column"): None}
+                         ("data", "label_map"): None, ("data", "tags_column"): None,
+                         ("data", "length_pool_files"): None}
 
 
 # Keys added with a default that changes behaviour (to follow a paper, issue 29): a config saved
@@ -110,7 +111,16 @@ HASH_NEUTRAL_DEFAULTS = {("data", "train_subset"): "first", ("train", "early_sto
 # value here. `build_config(..., saved=True)` fills it in for such configs, and the hash leaves it out
 # at that value, so recorded runs and trained checkpoints keep what they were.
 # (task, section, key) -> the value a saved config without the key had.
-SAVED_BEFORE_KEY: dict[tuple[str, str, str], object] = {}
+SAVED_BEFORE_KEY: dict[tuple[str, str, str], object] = {
+    # DyReF's softmax ran over the context only (Eq. 1 sums over all tokens: now `all`).
+    ("qa", "model", "softmax_over_default"): "context",
+    # A perturb entry without `mode` replaced the batch; now RPP and CP add the authors' clean pass.
+    ("qa", "data", "perturb_default_mode"): "replace",
+    ("tagging", "data", "perturb_default_mode"): "replace",
+    # D*'s length quantiles were taken of each file alone; now of train + dev (+ test) pooled, as
+    # the paper's §3.1 distributions and the token-positional-bias authors' `trim_dataset`.
+    ("tagging", "data", "length_pool"): "split",
+}
 
 
 def _hash_neutral(task: str) -> dict:
@@ -139,6 +149,8 @@ class RunConfig:
         for (section, key), default in _hash_neutral(d.get("task", "qa")).items():
             if section in d and key in d[section] and d[section][key] == default:
                 del d[section][key]
+        if not d.get("perturb"):  # the default mode of perturbations changes nothing without any
+            d.get("data", {}).pop("perturb_default_mode", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -383,6 +395,7 @@ def validate(cfg: RunConfig) -> None:
         if v is not None and v < 1:
             raise ConfigError(f"{key} must be >= 1 (or null), got {v}")
     cfg.validate()
+    _perturb.check_default_mode(cfg)  # data.perturb_default_mode
     _perturb.build_perturbations(cfg.perturb, cfg)  # each factory checks its options; `mode` is checked there
 
 

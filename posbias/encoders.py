@@ -43,7 +43,8 @@ def quiet_transformers():
 
 def from_pretrained_quietly(auto_cls, path: str, key: str, **kwargs):
     """`auto_cls.from_pretrained` from a local folder, quietly; weights the folder lacks (other than a
-    pooler posbias never uses) are named in one warning instead of transformers' report table."""
+    pooler posbias never uses) are named in one warning instead of transformers' report table. A
+    transformers 4.x relative-position folder becomes a posbias relative model (`relative_from_4x`)."""
     check_weights_file(path)
     try:
         with warnings.catch_warnings(), quiet_transformers():
@@ -53,10 +54,69 @@ def from_pretrained_quietly(auto_cls, path: str, key: str, **kwargs):
         why = shape_mismatch(auto_cls, path, **kwargs) or " ".join(str(e).split())
         raise ConfigError(f"{key}: {Path(path) / WEIGHTS}: {why}") from None
     missing = sorted(k for k in info.get("missing_keys", ()) if "pooler" not in k)
+    missing += relative_from_4x(model, path, key, info)
     if missing:  # not (all of) a trained model: say so, once
         warnings.warn(f"{key}: {len(missing)} weight(s) are not in {path} and start random: "
                       f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", stacklevel=3)
     return model
+
+
+def relative_from_4x(model, path: str, key: str, info: dict) -> list[str]:
+    """Make a loaded transformers 4.x relative-position folder the relative model it was trained as.
+
+    Such a folder (the token-positional-bias paper's BERT_key / BERT_key-query) has config.json
+    `position_embedding_type: relative_key` (or `relative_key_query`) and its weights hold
+    `...attention.self.distance_embedding.weight`. transformers 5 has no such attention: it builds an
+    absolute-position model and drops the tables without a word. Here the model's base encoder is
+    switched to posbias's relative attention (`apply_relative_positions`, 4.x's formula) and the
+    folder's tables are copied in; its unused absolute table is discarded, as 4.x ignored it.
+
+    Returns the names of distance tables the folder lacks (they start random; the caller warns).
+    Raises a ConfigError naming the folder when its weights hold distance tables but its config.json
+    does not say relative: loading those as absolute would silently be another model.
+    """
+    from .relative_position import DISTANCE_WEIGHT, apply_relative_positions, load_distance_embeddings, relative_kind
+
+    kind = relative_kind(model.config)
+    if kind is None:
+        tables = sorted(k for k in info.get("unexpected_keys", ()) if k.endswith(DISTANCE_WEIGHT))
+        if tables:
+            said = getattr(model.config, "position_embedding_type", None)
+            raise ConfigError(f"{key}: {path}: the weights hold relative position tables ({tables[0]}, ...) but "
+                              f"config.json says position_embedding_type {said!r}; set it to the relative_key or "
+                              "relative_key_query the model was trained with")
+        return []
+    apply_relative_positions(getattr(model, "base_model", model), kind, key)
+    tensors, source = weight_tensors(path, lambda name: name.endswith(DISTANCE_WEIGHT))
+    return load_distance_embeddings(model, tensors, source)
+
+
+def weight_tensors(path: str, keep) -> tuple[dict[str, torch.Tensor], str]:
+    """(name -> tensor for the names `keep` accepts, the file(s) read) from a model folder's weights,
+    in transformers' order of preference: model.safetensors, its sharded index, pytorch_model.bin,
+    its sharded index. safetensors files are read tensor by tensor; .bin files whole (weights only)."""
+    import json
+
+    from safetensors import safe_open
+
+    folder = Path(path)
+    name = next((f for f in (WEIGHTS, *OTHER_WEIGHTS) if (folder / f).is_file()), None)
+    if name is None:
+        return {}, str(folder / WEIGHTS)
+    if name.endswith(".index.json"):
+        weight_map = json.loads((folder / name).read_text(encoding="utf-8")).get("weight_map", {})
+        files = sorted({f for k, f in weight_map.items() if keep(k)})
+    else:
+        files = [name]
+    out = {}
+    for f in files:
+        if f.endswith(".safetensors"):
+            with safe_open(str(folder / f), framework="pt") as st:
+                out.update({k: st.get_tensor(k) for k in st.keys() if keep(k)})
+        else:
+            state = torch.load(str(folder / f), map_location="cpu", weights_only=True)
+            out.update({k: v for k, v in state.items() if keep(k)})
+    return out, str(folder / (files[0] if len(files) == 1 else name))
 
 
 WEIGHTS = "model.safetensors"
@@ -235,7 +295,8 @@ def encoder_from_config(config):
 
 def load_encoder(mcfg: ModelConfig, tokenizer):
     """A fresh encoder for training: pretrained weights from `model.name_or_path` (or random from
-    `model.encoder`), with `model.position_embedding_type` applied."""
+    `model.encoder`), with `model.position_embedding_type` applied. A transformers 4.x folder trained
+    with relative positions loads as that relative model, with its trained distance tables."""
     from transformers import AutoConfig, AutoModel
 
     if mcfg.name_or_path:
@@ -247,6 +308,12 @@ def load_encoder(mcfg: ModelConfig, tokenizer):
                 encoder = from_pretrained_quietly(AutoModel, path, "model.name_or_path")
         except (OSError, ValueError) as e:
             raise ConfigError(f"model.name_or_path: cannot load an encoder from {path}: {e}") from None
+        trained = getattr(encoder.config, "position_embedding_type", None)
+        if mcfg.position_embedding_type == "absolute" and trained in RELATIVE_KINDS:
+            # Its absolute table was never trained (4.x ignored it): there is no absolute model to give.
+            raise ConfigError(f"model.position_embedding_type: absolute, but {path} was trained with {trained} "
+                              "attention and has no trained absolute position table; leave the key empty or "
+                              "set relative_key / relative_key_query")
     else:
         spec = dict(mcfg.encoder)
         spec.setdefault("vocab_size", len(tokenizer))

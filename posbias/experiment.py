@@ -717,7 +717,7 @@ def load_results(exp_dir, *, only: list[str] | None = None, baseline: str | None
 
 # Report metric -> the keys it has in a metrics dict (QA v1 / v2, tagging NER / POS).
 METRIC_KEYS = {"EM": ("exact_match", "exact"), "F1": ("f1",), "precision": ("precision",), "recall": ("recall",),
-               "accuracy": ("accuracy",), "macro F1": ("macro_f1",)}
+               "accuracy": ("accuracy",), "macro F1": ("macro_f1",), "sub-token F1": ("f1_seqeval_subtoken",)}
 
 
 def metric_value(metrics: dict, name: str) -> float | None:
@@ -731,14 +731,15 @@ def metric_value(metrics: dict, name: str) -> float | None:
 
 def report_metrics(metrics: dict) -> tuple[list[str], str]:
     """(the metrics a report shows for a result, the one per-example scores are paired on): QA
-    EM + F1 (both, per question); NER F1, precision, recall; POS accuracy, macro F1; a position
+    EM + F1 (both, per question); NER F1, precision, recall; POS accuracy, macro F1 (and sub-token
+    F1); a position
     evaluation its `report` list (no per-example scores: t-test over seeds only)."""
     if "report" in metrics:
         return [name for name, _ in metrics["report"]], "none"
     if "exact_match" in metrics or "exact" in metrics:
         return ["EM", "F1"], "per-question"
-    if metrics.get("scheme") == "none":
-        return ["accuracy", "macro F1"], "accuracy"
+    if metrics.get("scheme") == "none":  # POS; the authors' sub-token F1 where the result has it
+        return ["accuracy", "macro F1"] + (["sub-token F1"] if "f1_seqeval_subtoken" in metrics else []), "accuracy"
     return ["F1", "precision", "recall"], "F1"
 
 

@@ -20,7 +20,7 @@ forward pre-hook it puts on the model swaps the view in for training forwards (`
 which the Trainer sets right before each training step) and drops it otherwise. Evaluation,
 prediction and `trainer.evaluate()` thus see clean batches, whatever the order of collation.
 
-`mode="augment"` is the authors' recipe (a clean and a perturbed pass, losses summed): the collator
+`mode="augment"` (the default for RPP and CP) is the authors' recipe (a clean and a perturbed pass, losses summed): the collator
 returns both views stacked into one batch of 2b rows, so the Trainer's loss is the mean over both
 (the sum of the two losses up to a factor of 2, which AdamW's update does not see).
 
@@ -141,13 +141,17 @@ class PositionShiftCollator:
             the tokenizer's model_max_length, within the table).
         cap: Random Padding's cap K on the shift (App. D); None for none.
         seed: seed of this collator's generator.
-        mode: "replace" (train on the shifted batch) or "augment" (clean + shifted rows, module doc).
+        mode: "replace" (train on the shifted batch) or "augment" (clean + shifted rows, module doc);
+            default: "augment" for RPP (the authors' step; RPP alone never trains positions 1 .. l-1),
+            "replace" for Random Padding (its paper trains the re-padded batch only).
     """
 
     def __init__(self, collator, model, tokenizer, *, method: str = "rpp", max_len: int | None = None,
-                 cap: int | None = None, seed: int = 0, mode: str = "replace"):
+                 cap: int | None = None, seed: int = 0, mode: str | None = None):
         if method not in METHODS:
             raise ConfigError(f"method must be one of {list(METHODS)}, got {method!r}")
+        if mode is None:
+            mode = "augment" if method in ("rpp", "random_position_perturbation") else "replace"
         self.collator, self.method, self.mode, self.model = collator, method, _check_mode(mode), model
         self.base, self.pad_position, n_pos = position_numbering(model)
         _install_hook(model)
@@ -211,13 +215,14 @@ class ContextPerturbationCollator:
         max_len: M, the most tokens of a concatenation (the paper: the whole table, 512); default
             the model's usable position table.
         seed: seed of this collator's generator.
-        mode: "replace" or "augment" (clean rows + re-packed rows, module doc).
+        mode: "augment" (clean rows + re-packed rows, module doc; the authors' step, the default) or
+            "replace".
     """
 
     FIELDS = ("input_ids", "attention_mask", "labels", "token_type_ids")
 
     def __init__(self, collator, model, tokenizer, *, max_len: int | None = None, seed: int = 0,
-                 mode: str = "replace"):
+                 mode: str = "augment"):
         from .encoders import position_id_base
         from .tagging.features import separator_id, special_tokens
 

@@ -5,6 +5,9 @@ transformers 5 dropped `position_embedding_type="relative_key"` / `"relative_key
 control for position bias: an encoder that only sees distances cannot favour absolute slots.
 `apply_relative_positions` patches a built encoder in place; the parameter names match 4.x
 (`...attention.self.distance_embedding.weight`) and the query/key/value weights are untouched.
+A transformers 4.x checkpoint trained with relative positions (config.json `position_embedding_type:
+relative_key`, weights holding the distance tables) loads through `posbias.encoders` as such a
+model, its tables copied in by `load_distance_embeddings`.
 """
 from __future__ import annotations
 
@@ -59,6 +62,81 @@ def relative_kind(config) -> str | None:
     """`"relative_key"` or `"relative_key_query"` when the config asks for one, else None."""
     kind = getattr(config, "position_embedding_type", None)
     return kind if kind in RELATIVE_KINDS else None
+
+
+def check_length(kind: str, max_position_embeddings: int, length: int) -> None:
+    """The documented limit of relative attention: a ValueError for sequences longer than the
+    distance table covers (4.x failed on them too; clamping would reuse the edge distance)."""
+    if length > max_position_embeddings:
+        raise ValueError(f"{kind} attention covers sequences of at most "
+                         f"max_position_embeddings={max_position_embeddings} tokens, got {length}")
+
+
+class _LengthCheck:
+    """A forward pre-hook for the encoder's embeddings: `check_length` before the embeddings run.
+    Without it, a too-long input fails inside transformers 5's embeddings (slicing their length-
+    `max_position_embeddings` buffers of position and token-type ids) with a shape error. A class,
+    not a closure, so a model holding it can still be pickled."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def __call__(self, module, args, kwargs):
+        x = kwargs.get("input_ids", args[0] if args else None)
+        if x is None:
+            x = kwargs.get("inputs_embeds")
+        if x is not None and x.dim() >= 2:  # (b, s) ids or (b, s, d) embeddings
+            check_length(self.config.position_embedding_type, self.config.max_position_embeddings, x.shape[1])
+
+
+# transformers 4.x's name of a relative distance table, under each BERT self-attention module.
+DISTANCE_WEIGHT = "distance_embedding.weight"
+
+
+def load_distance_embeddings(model: nn.Module, tensors: dict[str, torch.Tensor], source: str) -> list[str]:
+    """Copy a transformers 4.x checkpoint's distance tables into `model`'s relative attention.
+
+    Args:
+        model: a patched encoder (`apply_relative_positions`), or a task model holding one.
+        tensors: the checkpoint's `...attention.self.distance_embedding.weight` tensors by name, with
+            or without the base model prefix (`bert.encoder.layer.0...` or `encoder.layer.0...`).
+        source: the weights file, named in errors.
+
+    Returns the names (`<module>.distance_embedding.weight`) of the tables the checkpoint lacks
+    (they keep their random initialisation; the caller says so).
+
+    Raises:
+        ConfigError: a table whose shape differs from the one config.json describes, or a table no
+            module of the model takes.
+    """
+    prefix = getattr(model, "base_model_prefix", "") + "."
+
+    def bare(name: str) -> str:  # the name below the base model
+        return name[len(prefix):] if prefix != "." and name.startswith(prefix) else name
+
+    given = {bare(k): (k, v) for k, v in tensors.items()}
+    missing, used = [], set()
+    for name, module in model.named_modules():
+        if not isinstance(module, RelativePositionSelfAttention):
+            continue
+        key = f"{bare(name)}.{DISTANCE_WEIGHT}"
+        if key not in given:
+            missing.append(f"{name}.{DISTANCE_WEIGHT}")
+            continue
+        file_key, weight = given[key]
+        table = module.distance_embedding.weight
+        if tuple(weight.shape) != tuple(table.shape):
+            raise ConfigError(f"{source}: tensor {file_key} has shape {list(weight.shape)} but the model built from "
+                              f"config.json needs {list(table.shape)} (2 * max_position_embeddings - 1 distances "
+                              "by the attention head size): they are from different models")
+        with torch.no_grad():
+            table.copy_(weight.to(table.dtype))
+        used.add(key)
+    unused = sorted(given[k][0] for k in set(given) - used)
+    if unused:
+        raise ConfigError(f"{source}: tensor {unused[0]} belongs to no relative attention module of this model "
+                          f"({len(unused)} such in all)")
+    return missing
 
 
 class NoPositionEmbeddings(nn.Module):
@@ -135,9 +213,7 @@ class RelativePositionSelfAttention(nn.Module):
     def distance_embeddings(self, l: int, r: int, device, dtype) -> torch.Tensor:
         """(l, r, d) embeddings of the slot distances i - j."""
         n = self.max_position_embeddings
-        if l > n or r > n:
-            raise ValueError(f"{self.position_embedding_type} attention covers sequences of at most "
-                             f"max_position_embeddings={n} tokens, got {max(l, r)}")
+        check_length(self.position_embedding_type, n, max(l, r))
         distance = (torch.arange(l, device=device)[:, None] - torch.arange(r, device=device)[None, :])
         return self.distance_embedding(distance + n - 1).to(dtype)
 
@@ -218,7 +294,8 @@ def apply_relative_positions(encoder: nn.Module, kind: str, key: str) -> None:
 
     Every BERT-style self-attention module becomes a `RelativePositionSelfAttention` sharing its
     query/key/value weights, with a new `distance_embedding` drawn from N(0, initializer_range);
-    `embeddings.position_embeddings` becomes `NoPositionEmbeddings`; and
+    `embeddings.position_embeddings` becomes `NoPositionEmbeddings`; the embeddings get a check
+    that refuses inputs longer than the distance table (`check_length`) before they run; and
     `encoder.config.position_embedding_type = kind`, so a config.json saved from it rebuilds the
     same architecture. Applying it again only changes the kind (the weights are kept).
 
@@ -259,4 +336,7 @@ def apply_relative_positions(encoder: nn.Module, kind: str, key: str) -> None:
     if isinstance(table, nn.Embedding):
         embeddings.position_embeddings = NoPositionEmbeddings(table.num_embeddings, table.embedding_dim,
                                                               table.weight.dtype, table.weight.device)
+    if not getattr(embeddings, "_posbias_length_check", False):
+        embeddings.register_forward_pre_hook(_LengthCheck(config), with_kwargs=True)
+        embeddings._posbias_length_check = True
     config.position_embedding_type = kind

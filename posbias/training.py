@@ -295,9 +295,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
             # The replace-perturbed batch, then one perturbed copy per augment perturbation.
             passes = [move(b, acc.device) for b in training_passes(batch, replace, augment, gen)]
             for b in passes:
-                pos = b.get("position_ids")
-                updates.add_batch(pos if pos is not None else raw_model.position_ids(b["attention_mask"]),
-                                  b["attention_mask"])
+                updates.add_model_batch(raw_model, b)  # the ids the encoder is given (DyReF: queries, +2)
                 window["tokens"] += int(b["attention_mask"].sum())
                 window["padded"] += b["input_ids"].numel()
             sync = j == len(micro) - 1

@@ -237,7 +237,7 @@ def test_rpp_after_cp_stays_in_the_table(toks, wnut):
     tok = toks["bpe_roberta"]
     model = tiny_tagger(tok, n_pos=130)  # a BERT encoder (base 0) under the RoBERTa BPE tokenizer
     cfg = build_config(config_from("tiny_tagging").to_dict() | {
-        "perturb": [{"name": "context_perturbation", "max_len": 128}, {"name": "rpp", "mode": "augment"}]})
+        "perturb": [{"name": "context_perturbation", "max_len": 128, "mode": "replace"}, {"name": "rpp"}]})
     built = build_perturbations(cfg.perturb, cfg, with_modes=True)
     for p, _ in built:
         p.bind(model, tok)
@@ -263,7 +263,7 @@ def test_training_with_context_perturbation_runs(tmp_path):
         assert summary["steps"] == 2
         return json.loads((out / "position_updates.json").read_text(encoding="utf-8"))["counts"]
 
-    counts = run("replace", "{name: context_perturbation, max_len: 256}")
+    counts = run("replace", "{name: context_perturbation, max_len: 256, mode: replace}")
     assert counts[0] == 2 and sum(counts[128:256]) > 0 and sum(counts[256:]) == 0
-    counts = run("augment", "{name: context_perturbation, max_len: 256, mode: augment}")
+    counts = run("augment", "{name: context_perturbation, max_len: 256}")  # CP's default: augment
     assert counts[0] == 2 and sum(counts[128:256]) > 0

@@ -208,7 +208,8 @@ def test_interrupted_experiment_resumes_to_the_same_result(tmp_path):
 # ---- aggregation math on hand-made numbers
 def test_mean_std_and_paired_ttest_by_hand():
     assert mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
-    assert mean_std([5.0]) == (5.0, 0.0)
+    m, s = mean_std([5.0])  # one value: no std (shown without ±)
+    assert m == 5.0 and math.isnan(s)
     # d = (1, 2, 3): mean 2, sd 1, t = 2 / (1 / sqrt 3) = 3.4641; two-sided p with 2 d.o.f. = 0.0742
     t = paired_ttest({1: 11.0, 2: 22.0, 3: 33.0}, {1: 10.0, 2: 20.0, 3: 30.0})
     assert t["n"] == 3 and t["diff"] == 2.0
@@ -359,7 +360,8 @@ def test_position_eval_experiment_runs_and_reports(tmp_path):
     assert info["train_length_subset"]["quantiles"] == [0.25, 0.75]
     rows = aggregate(results, bootstrap_samples=100)
     pos = [r for r in rows if r["eval_set"] == "test D*(k)"]
-    assert {r["metric"] for r in pos} == {"accuracy", "accuracy(2)", "accuracy(4)", "shift accuracy(4)",
+    assert {r["metric"] for r in pos} == {"accuracy", "accuracy(2)", "accuracy(4)", "sub-token F1",
+                                          "sub-token F1(2)", "sub-token F1(4)", "shift accuracy(4)",
                                           "consistency(4)"}
     assert all("ttest" in r and "bootstrap" not in r for r in pos if r["method"] != "baseline")
     out = posbias.experiment_report(tmp_path / "exp", bootstrap_samples=100)

@@ -45,7 +45,8 @@ def features(tok, sentences=SENTENCES):
 
 def test_rpp_collator_shifts_positions_and_keeps_cls(bert_tok):
     model = bert(bert_tok).train()
-    coll = PositionShiftCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, method="rpp", seed=1)
+    coll = PositionShiftCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, method="rpp", seed=1,
+                                 mode="replace")
     out = coll(features(bert_tok))
     batch = out[VIEW]  # what training forwards take; the top level is the clean batch
     plain = DataCollatorForTokenClassification(bert_tok)(features(bert_tok))
@@ -105,7 +106,8 @@ def _labelled_words(batch, r, tok):
 def test_context_perturbation_collator_carries_labels(bert_tok):
     model = bert(bert_tok).train()
     feats = features(bert_tok)
-    coll = ContextPerturbationCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, max_len=40, seed=0)
+    coll = ContextPerturbationCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, max_len=40, seed=0,
+                                       mode="replace")
     out = coll(feats)[VIEW]
     plain = DataCollatorForTokenClassification(bert_tok)(feats)
     assert set(out) == {"input_ids", "attention_mask", "labels"} and out["input_ids"].shape[0] == len(feats)
@@ -177,3 +179,13 @@ def test_f1_alpha_callback_adds_metrics(bert_tok, tmp_path):
     # the callback's value is posbias's own F1(alpha) of the same weights
     direct = cb.position_metrics(model)
     assert direct["eval_f1_alpha_3"] == pytest.approx(metrics["eval_f1_alpha_3"])
+
+
+def test_collators_default_to_the_authors_step(bert_tok, tmp_path):
+    """RPP and CP add a clean pass by default (issue 29: replace RPP never trains positions 1..l-1);
+    Random Padding trains the re-padded batch only, as its paper."""
+    model = bert(bert_tok)
+    base = DataCollatorForTokenClassification(bert_tok)
+    assert PositionShiftCollator(base, model, bert_tok, method="rpp").mode == "augment"
+    assert PositionShiftCollator(base, model, bert_tok, method="random_padding").mode == "replace"
+    assert ContextPerturbationCollator(base, model, bert_tok, max_len=40).mode == "augment"

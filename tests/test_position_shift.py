@@ -495,17 +495,18 @@ def _tagging_run(tmp_path, name, *extra):
 
 def test_rpp_trains_in_replace_and_augment_mode(tmp_path):
     """tiny_tagging, 2 steps. replace: no token after [CLS] keeps position 1 (p_r >= l >= 3) and the
-    shifts reach past data.max_seq_len (128: M is the whole table, 512). augment: the clean pass
-    is trained too (position 1 in both steps), and the first step's logged loss is the clean loss
-    plus the perturbed loss, recomputed here from the same weights, batch and generator."""
+    shifts reach past data.max_seq_len (128: M is the whole table, 512). augment, RPP's default
+    (an entry without `mode`): the clean pass is trained too (position 1 in both steps), and the
+    first step's logged loss is the clean loss plus the perturbed loss, recomputed here from the
+    same weights, batch and generator."""
     from posbias.batching import batch_order
     from posbias.tasks import get_task
     from posbias.utils import set_seed
 
-    _, counts, _ = _tagging_run(tmp_path, "replace", "perturb=[{name: rpp}]")
+    _, counts, _ = _tagging_run(tmp_path, "replace", "perturb=[{name: rpp, mode: replace}]")
     assert counts[0] == 2 and counts[1] == 0 and sum(counts[128:]) > 0
     no_dropout = ["model.encoder.hidden_dropout_prob=0.0", "model.encoder.attention_probs_dropout_prob=0.0"]
-    cfg, counts, log = _tagging_run(tmp_path, "augment", "perturb=[{name: rpp, mode: augment}]", *no_dropout)
+    cfg, counts, log = _tagging_run(tmp_path, "augment", "perturb=[{name: rpp}]", *no_dropout)
     assert counts[0] == 2 and counts[1] == 2 and sum(counts[128:]) > 0
 
     t = cfg.train

@@ -322,6 +322,34 @@ def test_longer_than_the_table_raises():
             model(input_ids=ids, token_type_ids=zeros, position_ids=zeros)
 
 
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+def test_longer_than_the_table_raises_before_the_embeddings(model_type):
+    """Plain input_ids (or inputs_embeds) past the table: the documented ValueError, raised before
+    transformers 5's embeddings slice their max_position_embeddings-long id buffers (which failed
+    with a shape error from inside the embeddings)."""
+    model = patched("relative_key_query", model_type=model_type)
+    n = model.config.max_position_embeddings
+    ids = torch.randint(5, 120, (2, n + 3))
+    message = f"relative_key_query attention covers sequences of at most max_position_embeddings={n} tokens, got {n + 3}"
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=message):
+            model(input_ids=ids)
+        with pytest.raises(ValueError, match=message):
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        with pytest.raises(ValueError, match=message):
+            model(inputs_embeds=model.embeddings.word_embeddings(ids))
+        model(input_ids=ids[:, : n - 2])  # within the table: runs
+    rp.apply_relative_positions(model, "relative_key", "config.json")  # applying again: one check, the new kind
+    assert len(model.embeddings._forward_pre_hooks) == 1
+    with torch.no_grad(), pytest.raises(ValueError, match="^relative_key attention covers"):
+        model(input_ids=ids)
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(model))  # the check is picklable, and travels with the model
+    with torch.no_grad(), pytest.raises(ValueError, match="^relative_key attention covers"):
+        copy(input_ids=ids)
+
+
 def test_cross_attention_and_caches_are_refused():
     attn = patched("relative_key").encoder.layer[0].attention.self
     x = torch.randn(1, 3, 32)

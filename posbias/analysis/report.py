@@ -21,6 +21,16 @@ def _mean_sd(mean, std, n_runs: int) -> str:
     return f"{_fmt(mean)} ± {_fmt(std)}" if n_runs > 1 else f"{_fmt(mean)} (1 run)"
 
 
+def _no_std(std) -> bool:
+    """A std that is not there: one value has none (`mean_std` gives NaN; JSON results None)."""
+    return std is None or (isinstance(std, float) and math.isnan(std))
+
+
+def _bar(std) -> float:
+    """An error bar's half-height: none (0) where there is no std."""
+    return 0.0 if _no_std(std) else float(std)
+
+
 def _p(x) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
@@ -149,7 +159,7 @@ def plot_comparison(rows: list[dict], methods: list[str], path: Path, metric: st
     for i, m in enumerate(methods):
         vals = {(_scope(r), r["eval_set"]): r for r in rows if r["method"] == m}
         means = [vals[g]["mean"] if g in vals else np.nan for g in groups]
-        stds = [vals[g]["std"] if g in vals else 0 for g in groups]
+        stds = [_bar(vals[g]["std"]) if g in vals else 0 for g in groups]
         bars = ax.bar(x + (i - (len(methods) - 1) / 2) * width, means, width, yerr=stds, capsize=4, label=m)
         for b, v, sd in zip(bars, means, stds):
             if not np.isnan(v):  # the value, above its error bar
@@ -225,7 +235,7 @@ def plot_segments(seg_rows: list[dict], methods: list[str], out_dir: Path) -> li
         for i, m in enumerate(methods):
             vals = {r["segment"]: r for r in rows if r["method"] == m}
             ax.bar(x + (i - (len(methods) - 1) / 2) * width, [vals[s]["f1_mean"] if s in vals else np.nan for s in segs],
-                   width, yerr=[vals[s]["f1_std"] if s in vals else 0 for s in segs], capsize=3, label=m)
+                   width, yerr=[_bar(vals[s]["f1_std"]) if s in vals else 0 for s in segs], capsize=3, label=m)
         n = {r["segment"]: r["n_questions"] for r in rows}
         ax.set_xticks(x, [f"{s}\n(n={n[s]})" for s in segs])
         ax.set_ylabel("F1 (mean ± std over seeds)")
@@ -347,7 +357,8 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
         ih = ["data", "eval set", "method", "seeds", "questions improved (mean)",
               "more precise boundaries, % (mean ± std)", "corrections, %"]
         ib = [[_scope(r), r["eval_set"], r["method"], str(r["seeds"]), f"{r['improved_mean']:.1f}",
-               f"{_fmt(r['boundary_share_mean'])} ± {_fmt(r['boundary_share_std'])}",
+               _mean_sd(r["boundary_share_mean"], r["boundary_share_std"],
+                        1 if _no_std(r["boundary_share_std"]) else r["seeds"]),
                _fmt(100 - r["boundary_share_mean"])] for r in improvements]
         note = ("Among questions where the method's F1 beats the baseline's (same seed): a correction when "
                 "the two answers share no token, else a more precise boundary (Random Padding paper §6.2).")

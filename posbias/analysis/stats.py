@@ -8,11 +8,12 @@ import numpy as np
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof=1, as papers report over seeds; 0 for one value)."""
+    """Mean and sample standard deviation (ddof=1, as papers report over seeds). One value has no
+    sample std: NaN, not 0 (a single seed says nothing about the spread; reports show no ±)."""
     x = np.asarray(values, dtype=np.float64)
     if len(x) == 0:
         return math.nan, math.nan
-    return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else 0.0
+    return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else math.nan
 
 
 def paired_ttest(method: Mapping[int, float], baseline: Mapping[int, float]) -> dict:

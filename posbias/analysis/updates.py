@@ -18,6 +18,17 @@ class PositionUpdateCounter:
         ids = position_ids[attention_mask.bool()].unique().cpu().numpy()
         self._step_seen[ids[ids < len(self._step_seen)]] = True
 
+    def add_model_batch(self, model, batch: dict) -> None:
+        """`add_batch` with the position ids `model` actually gives its encoder for `batch`: the
+        model's `encoder_position_ids(batch)` -> (ids, real-slot mask) when it has one (QA: DyReF's
+        two queries take the first ids of the table and every token's id moves by 2), else the
+        batch's (perturbed) ids or the model's default numbering over the attention mask."""
+        if hasattr(model, "encoder_position_ids"):
+            self.add_batch(*model.encoder_position_ids(batch))
+            return
+        pos = batch.get("position_ids")
+        self.add_batch(pos if pos is not None else model.position_ids(batch["attention_mask"]), batch["attention_mask"])
+
     def end_step(self) -> None:
         self.counts += self._step_seen
         self.steps += 1

@@ -146,7 +146,15 @@ def concatenate_contexts(batch: dict, generator: torch.Generator, *, max_len: in
 
 class ContextPerturbation:
     """Training-time Context Perturbation; `bind(model, tokenizer)` reads the tokenizer's special
-    tokens, separator, pad id and padding side, and refuses an M past the position table."""
+    tokens, separator, pad id and padding side, and refuses an M past the position table.
+
+    `paper_mode` augment: the authors' training step adds the concatenated batch to the clean one
+    (experiments/bert_position_bias.py); the paper is silent on a clean pass. `rebuilds_rows`: the
+    rows are numbered afresh (`DROPPED`), so a position shift set before it in replace mode is lost
+    (refused in `posbias.perturb.check_combination`)."""
+
+    paper_mode = "augment"
+    rebuilds_rows = True
 
     def __init__(self, max_len: int, key: str):
         self.max_len = max_len

@@ -27,6 +27,9 @@ Guard: for rows with l > M - l (longer than half the table) the paper's interval
 p_r is drawn from {1 .. M - l + 1}, every start that still fits (the authors' code raises there).
 Rows without a leading special (decoder tokenizers) move every token: p_r is then the first token's
 own position, tau = p_r, and the fitting starts are {0 .. M - l}.
+Since p_r >= l, the positions 1 .. l - 1 where a test sentence of l tokens sits are never trained by
+RPP itself: an entry without a `mode` trains a clean and a perturbed pass (`augment`), as the
+authors' code always did (`posbias.perturb`; `position_coverage` counts what each mode reaches).
 
 Shape legend: b batch, s sequence.
 """
@@ -111,10 +114,16 @@ class PositionShift:
 
     `sampler(lengths, has_cls, max_len, generator) -> (b,) shifts`. `max_len` None means the
     encoder's usable position table (max_position_embeddings - first position id), learnt in
-    `bind`; `fallback_len` stands in before `bind` and for encoders without a table.
+    `bind`; `fallback_len` stands in before `bind` and for encoders without a table. `paper_mode`:
+    the training mode its paper (or its authors' code) used, for entries that name none
+    (`posbias.perturb`).
     """
 
-    def __init__(self, sampler, max_len: int | None, key: str, fallback_len: int | None = None):
+    sets_positions = True  # a later replace perturbation that rebuilds rows would drop them (posbias.perturb)
+
+    def __init__(self, sampler, max_len: int | None, key: str, fallback_len: int | None = None,
+                 paper_mode: str = "replace"):
+        self.paper_mode = paper_mode
         self.sampler = sampler
         self.requested_len = max_len
         self.max_len = max_len if max_len is not None else fallback_len
@@ -171,19 +180,31 @@ def _check_options(options: dict, allowed: set, name: str, key: str) -> None:
 
 @PERTURBATIONS.register("random_padding")
 def random_padding(options: dict, cfg, key: str = "perturb[0]") -> PositionShift:
-    """Options: `max_len` n (default data.max_seq_len), `cap` K (App. D; default none)."""
+    """Options: `max_len` n (default, or null: data.max_seq_len), `cap` K (App. D; default none).
+    Trains on the re-padded batch only (`paper_mode` replace), as Tao et al. do."""
     _check_options(options, {"max_len", "cap"}, "random_padding", key)
-    max_len = options.get("max_len") or cfg.data.max_seq_len
+    max_len = options.get("max_len")
+    if max_len == 0:  # not a silent stand-in for the default: null is the way to say data.max_seq_len
+        raise ConfigError(f"{key}.max_len must be a positive integer (n, the padded window length), got 0; "
+                          "leave it out or set null for data.max_seq_len")
+    if max_len is None:
+        max_len = cfg.data.max_seq_len
     cap = options.get("cap")
-    return PositionShift(lambda lengths, has_cls, n, gen: sample_random_padding(lengths, n, cap, gen), max_len, key)
+    return PositionShift(lambda lengths, has_cls, n, gen: sample_random_padding(lengths, n, cap, gen), max_len, key,
+                         paper_mode="replace")
 
 
 @PERTURBATIONS.register("rpp")
 @PERTURBATIONS.register("random_position_perturbation")
 def random_position_perturbation(options: dict, cfg, key: str = "perturb[0]") -> PositionShift:
     """Options: `max_len` M (default: the encoder's usable position table, max_position_embeddings
-    minus the first position id; data.max_seq_len for encoders without a table)."""
+    minus the first position id; data.max_seq_len for encoders without a table).
+
+    `paper_mode` augment: the authors' training step adds the perturbed batch to the clean one
+    (experiments/bert_position_bias.py); the paper is silent. In replace mode alone the positions a
+    row of l tokens is tested at, 1 .. l - 1, are never trained (p_r >= l)."""
     _check_options(options, {"max_len"}, "random_position_perturbation", key)
     if options.get("max_len") == 0:
         raise ConfigError(f"{key}.max_len must be a positive integer, got 0")
-    return PositionShift(sample_rpp, options.get("max_len"), key, fallback_len=cfg.data.max_seq_len)
+    return PositionShift(sample_rpp, options.get("max_len"), key, fallback_len=cfg.data.max_seq_len,
+                         paper_mode="augment")

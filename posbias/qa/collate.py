@@ -15,9 +15,11 @@ def collate(features: QAFeatures, idx, *, pad_id: int, padding_side: str = "righ
     """Pad windows `idx` to the longest of them.
 
     Returns tensors: input_ids, attention_mask, token_type_ids (if any) (b, s); span_mask (b, s)
-    bool = context tokens; question_mask (b, s) bool = question tokens (without features' question
-    masks: every real token outside the context but [CLS]); max_context (b, s) bool; cls_index (b,); pad_left (b,) tokens of left padding, which shift every
-    stored token position; window (b,) window indices; with labels start/end_positions (b,).
+    bool = context tokens (plus [CLS] for training features with `null_candidate`);
+    question_mask (b, s) bool = question tokens (without features' question masks: every real token
+    outside the context but [CLS]); max_context (b, s) bool; cls_index (b,); pad_left (b,) tokens of
+    left padding, which shift every stored token position; window (b,) window indices; with labels
+    start/end_positions (b,).
     """
     idx = np.asarray(idx)
     lens = np.array([len(features.input_ids[i]) for i in idx])
@@ -42,6 +44,10 @@ def collate(features: QAFeatures, idx, *, pad_id: int, padding_side: str = "righ
             qmask[r, pad_left[r] + features.cls_index[i]] = False
         if types is not None:
             types[r, sl] = features.token_type_ids[i]
+        if features.null_candidate:
+            # Training windows that may be labelled [CLS] (BERT's pre-processing, v1 included): [CLS]
+            # competes in every window's softmax, as a v2 head's null position does.
+            ctx[r, pad_left[r] + features.cls_index[i]] = True
     batch = {
         "input_ids": torch.from_numpy(input_ids),
         "attention_mask": torch.from_numpy(attn),

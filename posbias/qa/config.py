@@ -8,6 +8,33 @@ from ..errors import ConfigError
 
 
 @dataclass
+class QAModelConfig(ModelConfig):
+    """The model section of a QA run: the shared keys, and the span softmax's default."""
+
+    softmax_over_default: str | None = None
+    """`model.head_options.softmax_over` for the heads that take it (`dynamic_query`, `independent`)
+    when the run does not set it: `all` (every real token, [CLS] and question included; DyReF Eq. 1)
+    or `context` (the context, plus [CLS] for SQuAD v2; Random Padding Eq. 1-2). Empty: the head's
+    own default, `all` for `dynamic_query` and `context` for every other head; the resolved config
+    records it (so overriding `model.head` of an already resolved config keeps the old head's
+    value). Configs saved before the key existed read `context`: earlier DyReF checkpoints and
+    recorded runs keep their context-only softmax and their config hash."""
+
+    def __post_init__(self):
+        # Resolved here, not at model build: the value of a new DyReF config (`all`) must enter the
+        # hash, while every other head's (`context`, the saved-config value) leaves it unchanged.
+        from .model import head_softmax_default
+
+        default = head_softmax_default(self.head)  # None: the head has no such option
+        if self.softmax_over_default is None:
+            self.softmax_over_default = default or "context"
+        choice(self.softmax_over_default, ["context", "all"], "model.softmax_over_default")
+        if default is None and self.softmax_over_default != "context":
+            raise ConfigError(f"model.softmax_over_default: head {self.head!r} has no softmax_over option "
+                              "(it normalises over the context)")
+
+
+@dataclass
 class QADataConfig:
     train_file: str | list | None = None
     """SQuAD v1.1/v2.0 JSON(.gz) or MRQA JSONL(.gz); `demo:train` / `demo:dev` are the bundled slice."""
@@ -25,9 +52,12 @@ class QADataConfig:
     """`auto` puts the context first when the tokenizer pads on the left (XLNet style), else `false`/`true`."""
     label_policy: str = "first"
     """Which gold mention becomes the training label (see `posbias.registry.LABEL_POLICIES`)."""
-    unanswerable_windows: str = "auto"
-    """Training windows that do not contain the label: `drop`, `cls` (point at [CLS]), or `auto`
-    (= `cls` for version 2, `drop` for version 1, whose heads have no null position)."""
+    unanswerable_windows: str = "cls"
+    """Training windows that do not contain the label (every window of a question without one
+    included): `cls` labels them [CLS] and keeps them, for SQuAD v1 as for v2 (BERT's original
+    pre-processing, which the Random Padding paper follows, §2.2 and App. B.2; [CLS] then joins
+    the training softmax, and a v1 model still answers with a context span); `drop` leaves them
+    out; `auto` (the default before issue 29, kept in saved configs) = `cls` for v2, `drop` for v1."""
     on_bad_record: str = "error"
     """`error` stops at the first malformed record; `skip` drops it and counts it in the summary."""
     max_train_examples: int | None = None
@@ -37,6 +67,10 @@ class QADataConfig:
     each seed its own subset, the same for every method; few-shot experiments)."""
     max_eval_examples: int | None = None
     """Use only the first N evaluation questions (file order)."""
+    perturb_default_mode: str = "paper"
+    """Mode of a `perturb` entry that sets none: `paper` (each perturbation's paper, or where it is
+    silent its authors' code: `replace` for Random Padding, `augment` = clean + perturbed pass for
+    RPP), `replace` or `augment` for all. Configs saved before the key read as `replace`."""
 
 
 @dataclass
@@ -57,7 +91,7 @@ class QAConfig(RunConfig):
     """An extractive QA run: `posbias train qa`."""
 
     task: str = "qa"
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: QAModelConfig = field(default_factory=QAModelConfig)
     data: QADataConfig = field(default_factory=QADataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
@@ -81,7 +115,7 @@ class QAConfig(RunConfig):
         choice(d.version, ["auto", "1", "2", "1.1", "2.0"], "data.version")
         choice(d.train_subset, ["first", "random"], "data.train_subset")
         choice(d.context_first, ["auto", "true", "false"], "data.context_first")
-        choice(d.unanswerable_windows, ["auto", "drop", "cls"], "data.unanswerable_windows")
+        choice(d.unanswerable_windows, ["cls", "drop", "auto"], "data.unanswerable_windows")
         for key, v in [("data.max_query_len", d.max_query_len), ("decode.n_best", dec.n_best),
                        ("decode.max_answer_len", dec.max_answer_len)]:
             if v < 1:

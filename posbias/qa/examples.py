@@ -71,6 +71,16 @@ class QADataset:
     def has_impossible(self) -> bool:
         return any(e.is_impossible for e in self.examples)
 
+    @property
+    def null_answers(self) -> bool:
+        """Whether a model trained on this data should answer "no answer" (SQuAD v2; what
+        `data.version: auto` reads): it has unanswerable questions and does not declare itself
+        version 1. A file that says "1.1" but holds unanswerable questions is a v1 training set whose
+        truncation cut some answers off (`posbias data build --keep-unanswerable`, Random Padding
+        App. B.2): those questions train on [CLS] windows (`data.unanswerable_windows: cls`), and the
+        model is still evaluated as v1."""
+        return self.has_impossible and not str(self.version).startswith("1")
+
     def gold(self) -> dict[str, list[str]]:
         """Question id -> gold texts, the input of `posbias.metrics`."""
         return {e.id: e.gold_texts() for e in self.examples}

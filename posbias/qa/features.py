@@ -31,6 +31,12 @@ class QAFeatures:
         question_mask: per window (L_i,) bool, True at question tokens (heads that pool the question,
             MaP paper Eq. 5-6), or None for features built elsewhere (collate then takes every real
             non-context token).
+        null_candidate: training windows of which some are labelled [CLS] (`unanswerable_windows=
+            "cls"`): [CLS] then competes in the start/end softmax of every one of them (collate adds
+            it to `span_mask`; for SQuAD v1, whose heads have no null position, this is what lets
+            BERT's pre-processing train at all). False when every window holds its answer, so such
+            data trains exactly as under `drop` (Eq. 1-2's context-only softmax). Evaluation windows
+            never set it: a v1 answer is a context span.
     """
 
     input_ids: list[np.ndarray]
@@ -43,6 +49,7 @@ class QAFeatures:
     end_positions: np.ndarray
     stats: dict = field(default_factory=dict)
     question_mask: list[np.ndarray] | None = None
+    null_candidate: bool = False
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -65,7 +72,8 @@ class QAFeatures:
             cls_index=self.cls_index[idx], example_index=self.example_index[idx],
             start_positions=self.start_positions[idx], end_positions=self.end_positions[idx],
             stats=dict(self.stats),
-            question_mask=pick(self.question_mask) if self.question_mask is not None else None)
+            question_mask=pick(self.question_mask) if self.question_mask is not None else None,
+            null_candidate=self.null_candidate)
 
 
 def check_fast_tokenizer(tokenizer) -> None:
@@ -80,6 +88,24 @@ def resolve_context_first(tokenizer, setting: str) -> bool:
     if setting == "auto":
         return tokenizer.padding_side == "left"
     return setting == "true"
+
+
+UNANSWERABLE_WINDOWS = ("cls", "drop", "auto")
+
+
+def resolve_unanswerable_windows(setting: str, version: int) -> str:
+    """`drop` or `cls` for training windows that do not hold the label (`data.unanswerable_windows`).
+
+    `cls` is BERT's original pre-processing (run_squad.py sets start = end = 0 for such windows,
+    SQuAD 1.1 included; HF run_qa.py does the same), which the Random Padding paper follows (§2.2;
+    App. B.2: "we do not remove any instances from training sets"). `auto` is what posbias did
+    before issue 29, kept for saved configs that say it: `cls` for v2, `drop` for v1.
+    """
+    if setting not in UNANSWERABLE_WINDOWS:
+        raise ConfigError(f"data.unanswerable_windows must be one of {list(UNANSWERABLE_WINDOWS)}, got {setting!r}")
+    if setting == "auto":
+        return "cls" if version == 2 else "drop"
+    return setting
 
 
 def _truncate_questions(questions: list[str], tokenizer, max_query_len: int) -> tuple[list[str], int]:
@@ -190,7 +216,12 @@ def build_qa_features(
         train: attach labels via `label_policy` and drop/redirect windows without the label.
         version: 1 (every window's label must be inside the context) or 2 (null = [CLS]).
         label_policy: `(example, rng) -> Answer | None`; defaults to the first answer.
-        unanswerable_windows: "drop", "cls" or "auto" (cls for v2, drop for v1).
+        unanswerable_windows: training windows that do not hold the label (including every window
+            of a question without one: unanswerable, or its answers cut off by `posbias data build`):
+            "cls" labels them [CLS] (start = end = cls_index) and keeps them, for v1 as for v2
+            (BERT's original pre-processing; `null_candidate` is set when one is); "drop" leaves them out;
+            "auto" is the behaviour before issue 29 (cls for v2, drop for v1) and this function's
+            default for direct callers; runs take `data.unanswerable_windows` (default cls).
         source: file name used in error messages.
     """
     check_fast_tokenizer(tokenizer)
@@ -198,10 +229,7 @@ def build_qa_features(
         raise DataError(source, None, "no examples to build features from")
     if label_policy is None:
         from .labels import first_answer as label_policy
-    if unanswerable_windows == "auto":
-        unanswerable_windows = "cls" if version == 2 else "drop"
-    if unanswerable_windows == "cls" and version == 1:
-        raise ConfigError("data.unanswerable_windows=cls needs data.version=2 (a null position in the head)")
+    unanswerable_windows = resolve_unanswerable_windows(unanswerable_windows, version)
     ctx_first = resolve_context_first(tokenizer, context_first)
     enc, n_cut = _encode(examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride,
                          max_query_len=max_query_len, ctx_first=ctx_first, source=source)
@@ -239,10 +267,12 @@ def build_qa_features(
             span = labels[ex]
             tok = _label_tokens(o, *span) if span is not None else None
             if tok is None:
-                if unanswerable_windows == "drop" or (version == 1 and span is None):
-                    # v1 heads have no null position: a window without the answer teaches nothing.
+                if unanswerable_windows == "drop":
                     n_dropped += 1
                     continue
+                # BERT's run_squad: start = end = [CLS]. For v1 too: the window still trains the
+                # encoder on its context, and its question is not lost when no window holds the
+                # answer (a truncated train set, App. B.2); decoding a v1 model never answers [CLS].
                 s = t = c
                 n_null += 1
             else:
@@ -274,13 +304,19 @@ def build_qa_features(
         "examples_without_window": len(examples) - len(by_example),
         "mean_window_tokens": float(np.mean([len(x) for x in ids])) if ids else 0.0,
     }
-    if train and not ids:
-        raise DataError(source, None, "no training window contains its answer; check max_seq_len/doc_stride")
+    if train:
+        # Questions none of whose windows holds their label: with `drop` they have no window, with
+        # `cls` only [CLS] windows.
+        holds = {ex for ex, s, c in zip(ex_idx, starts, cls_idx) if s != c}
+        stats["examples_without_answer_window"] = len(examples) - len(holds)
+        # v1 windows all labelled [CLS] would train a model that never sees an answer span.
+        if not ids or (version == 1 and not holds):
+            raise DataError(source, None, "no training window contains its answer; check max_seq_len/doc_stride")
     return QAFeatures(
         input_ids=ids, token_type_ids=types if has_types else None, offsets=offs, max_context=max_ctx,
         cls_index=np.array(cls_idx, dtype=np.int64), example_index=ex_idx_arr,
         start_positions=np.array(starts, dtype=np.int64), end_positions=np.array(ends, dtype=np.int64),
-        stats=stats, question_mask=qmask)
+        stats=stats, question_mask=qmask, null_candidate=train and n_null > 0)
 
 
 def window_lengths(examples: list[QAExample], tokenizer, *, max_seq_len: int = 384, doc_stride: int = 128,

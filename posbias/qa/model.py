@@ -5,6 +5,9 @@ Shape legend: b batch, s sequence, d hidden.
 """
 from __future__ import annotations
 
+import inspect
+
+import torch
 from torch import nn
 
 from ..config import ModelConfig
@@ -34,6 +37,18 @@ class QAModel(nn.Module):
 
         return position_ids(attention_mask, self.position_base, self.position_pad)
 
+    def encoder_position_ids(self, batch: dict):
+        """((b, S) position ids, (b, S) bool mask of real slots) of what the encoder is given for this
+        batch: a head that puts slots before the tokens (DyReF's queries) reports them and the
+        tokens' moved ids; otherwise the batch's (perturbed) ids or the default numbering, with the
+        attention mask. What the position-update counter counts."""
+        mask = batch["attention_mask"]
+        if hasattr(self.head, "encoder_position_ids"):
+            offset = mask.new_ones(mask.shape[0], self.position_offset)  # (b, offset): always real
+            return self.head.encoder_position_ids(self._inputs, batch), torch.cat([offset, mask], 1).bool()
+        pos = batch.get("position_ids")
+        return (pos if pos is not None else self.position_ids(mask)), mask.bool()
+
     def encode(self, batch: dict):
         """(b, s, d) token states; a head with its own `encode` (DyReF) runs the encoder itself and
         gets back whatever it returns."""
@@ -53,16 +68,48 @@ def build_model(mcfg: ModelConfig, tokenizer, null_answer: bool) -> QAModel:
     """A fresh model for training: pretrained encoder weights (or random from `model.encoder`)."""
     encoder = load_encoder(mcfg, tokenizer)
     name = mcfg.head or "independent"
-    head = make_head(name, encoder.config.hidden_size, null_answer, mcfg.head_options)
-    return QAModel(encoder, head, name, null_answer)
+    return QAModel(encoder, head_for(encoder, name, null_answer, mcfg), name, null_answer)
 
 
-def make_head(name: str, hidden_size: int, null_answer: bool, options: dict):
+def head_for(encoder, name: str, null_answer: bool, mcfg: ModelConfig):
+    """The head `name` for this encoder, with the options of the model section `mcfg`."""
+    embeddings = encoder.get_input_embeddings()
+    return make_head(name, encoder.config.hidden_size, null_answer, mcfg.head_options,
+                     embedding_size=getattr(embeddings, "embedding_dim", None),
+                     softmax_over_default=getattr(mcfg, "softmax_over_default", None))
+
+
+# Keyword arguments posbias fills in itself; they are never head options.
+_FILLED = ("embedding_size",)
+
+
+def make_head(name: str, hidden_size: int, null_answer: bool, options: dict, *,
+              embedding_size: int | None = None, softmax_over_default: str | None = None):
+    """A head from its registered factory. A factory that takes `embedding_size` gets the width of
+    the encoder's input embeddings (DyReF's queries enter there; ALBERT and ELECTRA-small embed
+    narrower than their hidden size); one that takes `softmax_over` and is not given it gets
+    `softmax_over_default` (`model.softmax_over_default`) when that is set."""
     factory = HEADS.get(name, "model.head")
+    params = inspect.signature(factory).parameters
+    for key in _FILLED:
+        if key in options:
+            raise ConfigError(f"model.head_options.{key} is not an option: posbias reads it off the encoder")
+    options = dict(options)
+    if "softmax_over" in params and softmax_over_default is not None:
+        options.setdefault("softmax_over", softmax_over_default)
+    filled = {"embedding_size": embedding_size} if "embedding_size" in params and embedding_size else {}
     try:
-        return factory(hidden_size, null_answer=null_answer, **options)
+        return factory(hidden_size, null_answer=null_answer, **options, **filled)
     except TypeError as e:  # an option the head does not take
         raise ConfigError(f"model.head_options for head {name!r}: {e}") from None
+
+
+def head_softmax_default(name: str | None) -> str | None:
+    """The `softmax_over` a head uses when no config sets it, its factory's default (`dynamic_query`:
+    `all`, DyReF Eq. 1; `independent`: `context`, Random Padding Eq. 1-2); None for heads without
+    the option (VCP and MaP normalise over the context)."""
+    param = inspect.signature(HEADS.get(name or "independent", "model.head")).parameters.get("softmax_over")
+    return None if param is None or param.default is inspect.Parameter.empty else param.default
 
 
 def model_from_checkpoint(path: str, cfg, meta: dict):
@@ -71,8 +118,8 @@ def model_from_checkpoint(path: str, cfg, meta: dict):
 
     tokenizer = open_tokenizer(path)
     encoder = encoder_from_config(AutoConfig.from_pretrained(path, local_files_only=True))
-    head = make_head(meta["head"], encoder.config.hidden_size, meta["null_answer"], cfg.model.head_options)
-    return QAModel(encoder, head, meta["head"], meta["null_answer"]), tokenizer
+    return QAModel(encoder, head_for(encoder, meta["head"], meta["null_answer"], cfg.model),
+                   meta["head"], meta["null_answer"]), tokenizer
 
 
 def load_hf_qa(path: str, config):

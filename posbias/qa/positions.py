@@ -1,8 +1,10 @@
 """Answer-position analyses (Random Padding paper §2.3 Table 1, §6.1 + App. C, §6.2).
 
 Positions are token indices in the model's input window ([CLS] = 0, question first), the axis the
-absolute position embeddings see. A question's gold position is that of its earliest gold mention
-in the first window that holds it; its predicted position is the start token of its answer.
+absolute position embeddings see. A question's gold position (quartiles) is that of its earliest
+gold mention in the first window that holds it; S_X^(1) holds the questions with a gold mention in
+the front X tokens of any of their windows (§6.1); the predicted position is the start token of the
+answer.
 """
 from __future__ import annotations
 
@@ -16,23 +18,34 @@ from .examples import QAExample
 from ..registry import SEGMENTERS
 
 
+WINDOWS = ("first", "every")
+
+
 def gold_mention_positions(examples: list[QAExample], tokenizer, *, max_seq_len: int, doc_stride: int,
-                           max_query_len: int = 64, context_first: str = "auto") -> dict[str, list[int]]:
-    """Question id -> start token position of every gold mention (in the first window holding it)."""
+                           max_query_len: int = 64, context_first: str = "auto",
+                           windows: str = "first") -> dict[str, list[int]]:
+    """Question id -> start token position of every gold mention.
+
+    windows: `first` — one position per mention, in the first window holding it (the gold position
+        quartile, the F1-by-position curve); `every` — one per (mention, window holding it): a
+        mention that a stride repeats counts at each place a window shows it (S_X, §6.1).
+    """
     from .features import _label_tokens, build_qa_features
 
+    if windows not in WINDOWS:
+        raise ValueError(f"windows must be one of {list(WINDOWS)}, got {windows!r}")
     feats = build_qa_features(examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride,
                               max_query_len=max_query_len, context_first=context_first, train=False)
     out: dict[str, list[int]] = {e.id: [] for e in examples}
-    seen: dict[tuple[str, int], int] = {}
+    seen: set[tuple[str, int]] = set()
     for w in range(len(feats)):
         e = examples[feats.example_index[w]]
         for k, a in enumerate(e.answers):
-            if (e.id, k) in seen:
+            if windows == "first" and (e.id, k) in seen:
                 continue  # the first window holding the mention decides its position
             span = _label_tokens(feats.offsets[w], a.start, a.end)
             if span is not None:
-                seen[(e.id, k)] = span[0]
+                seen.add((e.id, k))
                 out[e.id].append(span[0])
     return out
 
@@ -50,8 +63,12 @@ def quartile_labels(positions: dict[str, int | None], max_seq_len: int) -> dict[
 
 
 def first_x_labels(mentions: dict[str, list[int]], x: int) -> dict[str, str]:
-    """S_X^(1): at least one gold mention starts within the first X tokens; S_X^(2): all start later
-    (App. C). Questions with no locatable mention are left out."""
+    """S_X^(1): at least one gold mention starts within the first X tokens of an input window; S_X^(2):
+    all start later (§6.1, App. C: 0..X vs X+1..512). Questions with no locatable mention are left
+    out. `mentions` should hold every window's positions (`gold_mention_positions(windows="every")`):
+    §6.1 asks whether an answer "is located in the front X tokens of the input sequence", and a
+    question whose mention sits at the rear of its first window but in the front of the next one
+    (doc_stride) can be answered at a front position."""
     return {qid: (f"S{x}(1)" if min(ps) <= x else f"S{x}(2)") for qid, ps in mentions.items() if ps}
 
 
@@ -96,7 +113,8 @@ def first_x_tokens(examples, eval_dir, checkpoint, x: int = 100, **options):
     tokenizer, cfg = _checkpoint_setup(checkpoint)
     d = cfg.data
     mentions = gold_mention_positions(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
-                                      max_query_len=d.max_query_len, context_first=d.context_first)
+                                      max_query_len=d.max_query_len, context_first=d.context_first,
+                                      windows="every")
     return first_x_labels(mentions, int(x))
 
 

@@ -25,7 +25,9 @@ class QATask:
         return read_dataset(spec, cfg.data.on_bad_record)
 
     def run_info(self, cfg, train_ds) -> dict:
-        return {"data_version": data_version(cfg, train_ds.has_impossible)}
+        # `null_answers`, not `has_impossible`: a v1 file whose truncation left questions without an
+        # answer (`data build --keep-unanswerable`) trains and evaluates as v1.
+        return {"data_version": data_version(cfg, train_ds.null_answers)}
 
     def train_features(self, examples, tokenizer, cfg, train_ds):
         from .features import build_qa_features
@@ -33,7 +35,7 @@ class QATask:
         d = cfg.data
         return build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
                                  max_query_len=d.max_query_len, context_first=d.context_first, train=True,
-                                 version=data_version(cfg, train_ds.has_impossible),
+                                 version=data_version(cfg, train_ds.null_answers),
                                  label_policy=LABEL_POLICIES.get(d.label_policy, "data.label_policy"),
                                  unanswerable_windows=d.unanswerable_windows, seed=cfg.train.seed,
                                  source=train_ds.path)
@@ -41,7 +43,7 @@ class QATask:
     def build_model(self, cfg, tokenizer, train_ds):
         from .model import build_model
 
-        return build_model(cfg.model, tokenizer, null_answer=data_version(cfg, train_ds.has_impossible) == 2)
+        return build_model(cfg.model, tokenizer, null_answer=data_version(cfg, train_ds.null_answers) == 2)
 
     def collate(self, features, idx, tokenizer, *, with_labels: bool = False) -> dict:
         from .collate import collate

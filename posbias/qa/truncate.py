@@ -2,12 +2,16 @@
 
 - D_L: every context truncated to its first L words.
 - D_{L1~L2}: each instance truncated to its own random length k ~ U{L1 .. L2} words (seeded).
-- A random split of an evaluation set into validation and test halves (seeded; by article optional).
+- A random split of an evaluation set into validation and test halves (seeded; by article optional),
+  made before truncation, as §4.1 splits the official dev set and then truncates (Table 9's halves
+  differ in size after filtering): D_L and D_{L1~L2} built from one file with one seed share halves.
 
 Words are counted with a regex tokenizer (runs of word characters, or single punctuation marks),
 close to NLTK's word_tokenize but needing no downloaded data. Gold answers cut off by truncation are
 removed; an instance left without any gold answer becomes unanswerable: the paper drops those from
-validation/test and keeps them in training (`keep_unanswerable`).
+validation/test and keeps them in training (`keep_unanswerable`). Kept, they do not make a v1 file
+v2: it still says version "1.1", so a model trained on it labels their windows [CLS] (BERT's
+pre-processing, `data.unanswerable_windows: cls`) and is evaluated as v1.
 """
 from __future__ import annotations
 
@@ -115,50 +119,63 @@ def statistics(examples: list[QAExample]) -> dict:
 def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_range: tuple[int, int] | None = None,
                   split: bool = False, by_article: bool = False, seed: int = 13, keep_unanswerable: bool = False,
                   exclude_ambiguous: bool = False, name: str = "data", sample: int | None = None) -> dict:
-    """Read SQuAD/MRQA file(s), truncate, optionally split into val/test halves, write SQuAD JSON
-    plus a statistics table (stats.md, stats.json). `sample` keeps a seeded random subset of that many
-    instances of each written part (in file order), for CPU-sized experiments. Returns the statistics."""
+    """Read SQuAD/MRQA file(s), optionally split into val/test halves, truncate each part (dropping
+    the instances truncation leaves unanswerable unless `keep_unanswerable`), write SQuAD JSON plus a
+    statistics table (stats.md, stats.json). `sample` keeps a seeded random subset of that many
+    instances of each written part (in file order), for CPU-sized experiments. Returns the statistics.
+
+    The halves are drawn from the file before truncation (§4.1: the dev set is split, then
+    truncated), so they depend on the file, `seed` and `by_article` only; a D_{L1~L2} instance's
+    length k is drawn in file order, the same with or without `split`. A written part says version
+    "2.0" only when the input is SQuAD v2 data (`QADataset.null_answers`) and the part keeps
+    unanswerable instances; a v1 input stays "1.1" with its kept answer-less instances."""
     from ..checkpoint import staged_output
     from ..errors import ConfigError
     from .readers import read_dataset
 
     if truncate is not None and truncate_range is not None:
         raise ConfigError("choose --truncate L or --truncate-range L1 L2, not both")
+    if sample is not None and sample <= 0:
+        raise ConfigError(f"--sample must be positive, got {sample}")
     ds = read_dataset(list(inputs) if len(inputs) > 1 else inputs[0])
     examples = ds.examples
     n_read = len(examples)
     if exclude_ambiguous:
         examples = [e for e in examples if not e.meta.get("answer_start_ambiguous")]
     before = statistics(examples)
-    if truncate is not None:
-        examples = truncate_fixed(examples, truncate, keep_unanswerable)
-        label = f"D_{truncate}"
-    elif truncate_range is not None:
-        examples = truncate_range_fn(examples, *truncate_range, seed, keep_unanswerable)
-        label = f"D_{truncate_range[0]}~{truncate_range[1]}"
-    else:
-        label = "original"
     parts = dict(zip(("val", "test"), split_halves(examples, seed, by_article))) if split else {name: examples}
+    halves = {part: [e.id for e in exs] for part, exs in parts.items()}
+    if truncate is not None:
+        label, cut = f"D_{truncate}", {e.id: e for e in truncate_fixed(examples, truncate, True)}
+    elif truncate_range is not None:
+        label = f"D_{truncate_range[0]}~{truncate_range[1]}"
+        cut = {e.id: e for e in truncate_range_fn(examples, *truncate_range, seed, True)}
+    else:
+        label, cut = "original", None  # nothing truncated: nothing filtered (a v2 file keeps its nulls)
+    if cut is not None:
+        parts = {part: [cut[q] for q in ids] for part, ids in halves.items()}
+        if not keep_unanswerable:
+            parts = {part: [e for e in exs if not e.is_impossible] for part, exs in parts.items()}
     available = {part: len(exs) for part, exs in parts.items()}
     if sample is not None:
-        if sample <= 0:
-            raise ConfigError(f"--sample must be positive, got {sample}")
         parts = {part: sample_examples(exs, sample, seed) for part, exs in parts.items()}
     with staged_output(out_dir, {"stats.md", "stats.json", *(f"{part}.json" for part in parts)}) as out:
-        return _write_build(out, parts, inputs, label, seed, n_read, before, available, sample)
+        return _write_build(out, parts, inputs, label, seed, n_read, before, available, sample,
+                            {part: len(ids) for part, ids in halves.items()}, ds.null_answers)
 
 
-def _write_build(out: Path, parts: dict, inputs, label, seed, n_read, before, available, sample) -> dict:
+def _write_build(out: Path, parts: dict, inputs, label, seed, n_read, before, available, sample,
+                 before_filtering: dict, v2_input: bool) -> dict:
     """The split files, stats.md and stats.json of `build_dataset`, into the staged folder `out`."""
     from ..utils import atomic_write_json, atomic_write_text
 
     stats = {"inputs": [str(p) for p in inputs], "label": label, "seed": seed, "read": n_read,
              "excluded_ambiguous": n_read - before["instances"], "before_truncation": before,
-             "available": available, "sample": sample, "splits": {}}
+             "before_filtering": before_filtering, "available": available, "sample": sample, "splits": {}}
     for part, exs in parts.items():
-        version = "2.0" if any(e.is_impossible for e in exs) else "1.1"
+        version = "2.0" if v2_input and any(e.is_impossible for e in exs) else "1.1"
         atomic_write_json(out / f"{part}.json", to_squad_json(exs, version), indent=None)
-        stats["splits"][part] = statistics(exs)
+        stats["splits"][part] = {**statistics(exs), "version": version}
     rows = ["| data set | split | avg question words | avg context words | instances | answerable |",
             "|---|---|---|---|---|---|"]
     rows.append(f"| original | all | {before['avg_question_words']:.2f} | {before['avg_context_words']:.2f} | "

@@ -25,9 +25,12 @@ class TaggingDataConfig:
     scheme: str = "auto"
     """Tag scheme of the files: `iob1`, `iob2`, `bioes` (entity tags, validated), `none` (POS and other
     per-word labels), or `auto` (CoNLL-U: none; CoNLL: detected, IOB1 converted to IOB2)."""
-    label_scheme: str = "auto"
-    """Entity tags the model learns and predicts: `iob2`, `bioes` (converted from the files' scheme),
-    or `auto` (the files' scheme after IOB1 -> IOB2). Metrics are entity-level either way."""
+    label_scheme: str = "bioes"
+    """Entity tags the model learns and predicts: `bioes` (the default; `iobes` names it too: IOBES,
+    as the token-positional-bias authors trained CoNLL-2003 and OntoNotes), `iob2` (converted from
+    the files' scheme), or `auto` (the files' scheme after IOB1 -> IOB2). Scores stay comparable:
+    predictions are mapped back to the evaluated file's scheme (IOB2 for CoNLL-2003) and scored
+    there. Per-word labels (POS, scheme none) are left as they are."""
     label_subtokens: str = "first"
     """`first`: a word's label sits on its first sub-token (the others carry no loss), and its
     prediction is read there; `all`: continuation sub-tokens are trained too (B-X -> I-X on them)."""
@@ -38,10 +41,19 @@ class TaggingDataConfig:
     on_bad_record: str = "error"
     """`error` stops at the first malformed sentence; `skip` drops it and counts it in the summary."""
     length_quantiles: list | None = None
-    """D* of the token-positional-bias paper (§3.2): `[0.25, 0.75]` keeps only the sentences whose
-    word length lies between these quantiles of their own file's length distribution, for the
-    training and the evaluation file alike (null: every sentence). Not carried over when a
-    checkpoint evaluates another file; `posbias diagnose tagging` has its own `--quantiles`."""
+    """D* of the token-positional-bias paper (§3.2): `[0.25, 0.75]` (the paper's Q1, Q3; the authors'
+    code used `[0.15, 0.75]`) keeps only the sentences whose word length lies between these
+    quantiles of the length distribution `length_pool` names, for the training and the evaluation
+    file alike (null: every sentence). Not carried over when a checkpoint evaluates another file;
+    `posbias diagnose tagging` has its own `--quantiles` (and uses `length_pool` too)."""
+    length_pool: str = "pooled"
+    """Whose sentence lengths the D* quantiles are taken of: `pooled` (the default, as the paper's
+    §3.1 length distributions and the authors' `trim_dataset`): the lengths of every file in
+    `length_pool_files` together, one pair of bounds for every file cut; `split`: each file's own."""
+    length_pool_files: str | list | None = None
+    """The files whose sentence lengths `length_pool: pooled` pools: null = the run's `train_file`
+    and `eval_file` (and, for a model without them, the file being cut). The authors pooled train,
+    dev and test: list all three for their bounds (CoNLL-2003 at [0.15, 0.75]: 4 to 22 words)."""
     max_train_examples: int | None = None
     """Use only N training sentences: the first N (file order), or a random draw (`train_subset`)."""
     train_subset: str = "first"
@@ -49,6 +61,11 @@ class TaggingDataConfig:
     each seed its own subset, the same for every method; few-shot experiments)."""
     max_eval_examples: int | None = None
     """Use only the first N evaluation sentences (file order)."""
+    perturb_default_mode: str = "paper"
+    """Mode of a `perturb` entry that sets none: `paper` (each perturbation's paper, or where it is
+    silent its authors' code: `augment` = clean + perturbed pass for RPP and Context Perturbation,
+    `replace` for Random Padding), `replace` or `augment` for all. Configs saved before the key read
+    as `replace`."""
     tags_column: str | None = None
     """The tag column of a `datasets.Dataset` given as data (default: the first of ner_tags, tags,
     labels, upos, pos_tags, xpos it has)."""
@@ -88,6 +105,8 @@ class TaggingConfig(RunConfig):
         choice(d.train_subset, ["first", "random"], "data.train_subset")
         choice(d.tag, ["upos", "xpos"], "data.tag")
         choice(d.scheme, ["auto", "iob1", "iob2", "bioes", "none"], "data.scheme")
+        if d.label_scheme == "iobes":  # seqeval's name for BIOES
+            d.label_scheme = "bioes"
         choice(d.label_scheme, ["auto", "iob2", "bioes"], "data.label_scheme")
         choice(d.label_subtokens, ["first", "all"], "data.label_subtokens")
         if d.length_quantiles is not None:
@@ -95,6 +114,11 @@ class TaggingConfig(RunConfig):
             if (len(q) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in q)
                     or not 0 <= q[0] <= q[1] <= 1):
                 raise ConfigError(f"data.length_quantiles must be [low, high] with 0 <= low <= high <= 1, got {q!r}")
+        choice(d.length_pool, ["pooled", "split"], "data.length_pool")
+        pool = d.length_pool_files
+        if pool is not None and (not pool or not all(isinstance(p, str) and p for p in
+                                                     (pool if isinstance(pool, list) else [pool]))):
+            raise ConfigError(f"data.length_pool_files must be a file or a non-empty list of files, got {pool!r}")
         if d.stride < 0:
             raise ConfigError(f"data.stride must be >= 0, got {d.stride}")
         # Room for content tokens: max_seq_len minus at most 4 special tokens; the overlap must

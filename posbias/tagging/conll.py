@@ -9,9 +9,10 @@ is dropped), never at the other characters `str.splitlines` would split on.
 The sentence is the record: a line with too few columns, a column count other than the file's
 usual (most common) one, or a tag that is invalid or not valid in the file's scheme raises
 `DataError` naming the file and the line, or with `on_bad_record="skip"` drops the whole
-sentence, listed in `skipped` as ("line N", reason). One file-level exception: under scheme auto,
-a file that starts entities both with I- (IOB1) and with B- after O (IOB2; typically IOB2 with a
-stray I-) always raises, since no single sentence is to blame; declaring the scheme settles it.
+sentence, listed in `skipped` as ("line N", reason). Two file-level exceptions under scheme auto
+always raise, since no single sentence is to blame: a file that starts entities both with I- (IOB1)
+and with B- after O (IOB2; typically IOB2 with a stray I-), settled by declaring the scheme; and a
+file whose only entity-like tags have no type (`B-`, `I-`), which would otherwise pass for POS.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ DOCSTART = "-DOCSTART-"
 # Under scheme auto, one tag shaped like an entity tag (letter, "-", type; Q-ORG included, so a
 # bad prefix is an error rather than a POS-like label) makes the file's tags entity tags.
 _ENTITY_SHAPED = re.compile(r"[A-Za-z]-.")
+# A prefix with no type (`B-`, `I-`): entity tags that lost their type, not per-word labels.
+_UNTYPED = re.compile(r"[A-Za-z]-")
 
 
 def _token_lines(text: str):
@@ -126,6 +129,8 @@ def _read_sentences(path: str, sentences: list, word_column: int, tag_column, sc
     if tag_column is not None and scheme == "auto":
         tags = [t for s in sentences for t in s.tags]
         entity = any(_ENTITY_SHAPED.match(t) for t in tags) or (bool(tags) and all(t == "O" for t in tags))
+        if not entity:
+            _check_typed(path, sentences, unit)
         scheme = "auto" if entity else "none"
     if tag_column is not None and scheme != "none":
         sentences = keep(sentences, lambda s: _parse_tags(path, s, unit))
@@ -242,6 +247,18 @@ def _validate(path, s: _Sentence, scheme: str, hint: str, unit: str = "line") ->
         validate(s.tags, scheme)
     except TagSequenceError as e:
         raise DataError(path, f"{unit} {s.lines[e.index]}", f"not valid {scheme.upper()}{hint}: {e}") from None
+
+
+def _check_typed(path, sentences: list[_Sentence], unit: str = "line") -> None:
+    """Under scheme auto, a file whose only entity-shaped tags are bare prefixes (`B-`, `I-`: a
+    conversion that dropped the types) would otherwise be read as per-word labels and scored by
+    accuracy. No single sentence is to blame, so it always raises, naming the first such line."""
+    for s in sentences:
+        for n, tag in zip(s.lines, s.tags):
+            if _UNTYPED.fullmatch(tag):
+                raise DataError(path, f"{unit} {n}", f"entity tag {tag!r} has no type, and no tag in the file has one: "
+                                                     f"give the entities a type (e.g. {tag}X), or read the tags as "
+                                                     "per-word labels with data.scheme none")
 
 
 def _check_not_mixed(path, sentences: list[_Sentence], unit: str = "line") -> None:

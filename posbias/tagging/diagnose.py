@@ -16,24 +16,34 @@ import numpy as np
 from .duplicated import MODES
 
 _NAMES = {"f1": "F1", "precision": "Prec", "recall": "Rec", "accuracy": "Acc", "macro_f1": "macro F1",
-          "consistency": "consistency"}
+          "consistency": "consistency", "f1_seqeval_subtoken": "sub-token F1"}
+
+
+def _keys(result: dict) -> list[str]:
+    """The metrics a result's tables and curves show: POS accuracy, macro F1, the authors' sub-token
+    F1 (results from before it existed lack it) and consistency; NER F1, precision, recall, consistency."""
+    if result["scheme"] != "none":
+        return ["f1", "precision", "recall", "consistency"]
+    dup = result.get("duplicate") or result.get("shift") or {}
+    sub = any("f1_seqeval_subtoken" in c for c in dup.get("cells", [])[:1])
+    return ["accuracy", "macro_f1"] + (["f1_seqeval_subtoken"] if sub else []) + ["consistency"]
 
 
 def _fmt(mean, std=None) -> str:
+    """'mean ± std', or the mean alone where there is no std (one k, or one cell in shift mode)."""
     if mean is None:
         return "–"
-    return f"{mean:.2f}" + (f" ± {std:.2f}" if std else "")
+    return f"{mean:.2f}" + (f" ± {std:.2f}" if std is not None and std == std else "")  # std == std: not NaN
 
 
 def plot_position_curves(result: dict, path: Path, title: str) -> Path:
     """The paper's Fig. 7 for one model: the main metric, precision and recall (POS: accuracy, macro
-    F1) and consistency against α; duplicate mode as mean ± sample std over k >= α (band) with each
-    k as a thin line, shift mode dashed."""
+    F1, the authors' sub-token F1) and consistency against α; duplicate mode as mean ± sample std
+    over k >= α (band; none at α = k_max, one k) with each k as a thin line, shift mode dashed."""
     from ..analysis.report import _plt
 
     plt = _plt()
-    keys = (["accuracy", "macro_f1", "consistency"] if result["scheme"] == "none"
-            else ["f1", "precision", "recall", "consistency"])
+    keys = _keys(result)
     fig, axes = plt.subplots(1, len(keys), figsize=(3.4 * len(keys), 3.2), squeeze=False)
     dup, shift = result.get("duplicate"), result.get("shift")
     for ax, key in zip(axes[0], keys):
@@ -90,8 +100,7 @@ def plot_per_class(result: dict, path: Path, title: str) -> Path | None:
 
 
 def _alpha_table(result: dict) -> tuple[list[str], list[list[str]]]:
-    keys = (["accuracy", "macro_f1", "consistency"] if result["scheme"] == "none"
-            else ["f1", "precision", "recall", "consistency"])
+    keys = _keys(result)
     dup, shift = result.get("duplicate"), result.get("shift")
     head = ["α", "k values"] + [f"{_NAMES[k]}(α)" for k in keys]
     if shift and "by_alpha" in shift:
@@ -146,7 +155,10 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
     intro = [
         f"Data: `{result['data']}` ({sub['split_sentences']:,} sentences). "
         + (f"D*: sentence lengths in [{sub['length_bounds'][0]:g}, {sub['length_bounds'][1]:g}] words, the "
-           f"{sub['quantiles'][0]:g} and {sub['quantiles'][1]:g} quantiles: {sub['subset_sentences']:,} sentences. "
+           f"{sub['quantiles'][0]:g} and {sub['quantiles'][1]:g} quantiles of "
+           + (f"the lengths of {sub['pool_sentences']:,} sentences pooled from {'; '.join(sub['pool'])}"
+              if sub.get("pool") else "this file's lengths")
+           + f": {sub['subset_sentences']:,} sentences. "
            if sub.get("length_bounds") else "All sentences (no length subset). ")
         + f"Evaluated for every k = 1..{sub['k_max']}: the {sub['evaluated_sentences']:,} whose {sub['k_max']} copies "
           f"fit {sub['max_len']} tokens ({sub['left_out']:,} left out, {100 * sub['left_out_share']:.1f}%); "
@@ -156,6 +168,11 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
         "consistency(α) is the share of what copy 1 got right that copy α also gets right. "
         "Shift mode feeds one copy whose position ids start where copy α would (no repeated context).",
     ]
+    if "f1_seqeval_subtoken" in _keys(result):
+        intro.append("Sub-token F1 is the paper's POS \"F1\" as the authors' code computes it: seqeval's default "
+                     "mode over sub-token label sequences (each word's tag on all its sub-tokens), from "
+                     + ("each sub-token's own prediction." if result.get("subtoken_predictions") == "own" else
+                        "each word's prediction (the model was trained on first sub-tokens)."))
     if "skipped" in (result.get("shift") or {}):
         intro.append(f"Shift mode skipped: {result['shift']['skipped']}.")
     t = result["timing"]
@@ -187,7 +204,7 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
     from .duplicated import length_subset, position_eval
     from .stats import class_positions, plot_class_positions, plot_length_density
     from .evaluate import align_labels
-    from .task import read_for
+    from .task import length_pool, read_for
 
     t0 = time.time()
     # Everything goes through a temporary folder, renamed when complete (`staged_output`).
@@ -197,15 +214,19 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
         if cfg.data.max_eval_examples:
             ds.examples = ds.examples[: cfg.data.max_eval_examples]
         ds = align_labels(ds, net.labels, net.scheme, cfg.data.label_map)
+        # D*'s bounds: quantiles of the lengths `data.length_pool` names (the model's config:
+        # train + dev pooled by default, the authors' rule), or of this file's own.
+        pool = length_pool(cfg) if quantiles else None
         result = position_eval(net, tokenizer, ds, k_max=k_max, quantiles=tuple(quantiles) if quantiles else None,
-                               modes=tuple(modes), max_len=max_len, batch_tokens=batch_tokens, progress=progress)
+                               modes=tuple(modes), max_len=max_len, batch_tokens=batch_tokens, progress=progress,
+                               length_pool=pool, own_subtokens=cfg.data.label_subtokens == "all")
         result["model"] = str(model)
         lengths = np.array([len(e.words) for e in ds.examples])
         bounds = result["subset"].get("length_bounds")
         data_plots = [("Sentence-length density (D* shaded)",
                        plot_length_density({Path(ds.path).name: lengths}, out / "length_density.png",
                                            {Path(ds.path).name: bounds} if bounds else None))]
-        subset, _ = length_subset(ds.examples, tuple(quantiles) if quantiles else None)
+        subset, _ = length_subset(ds.examples, tuple(quantiles) if quantiles else None, pool=pool)
         positions = class_positions(type(ds)(ds.path, ds.format, ds.scheme, subset))
         if positions:
             data_plots.append(("Class positions in D*",

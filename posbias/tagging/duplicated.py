@@ -1,8 +1,8 @@
 """Position-bias evaluation of a tagger on duplicated test sets: F1(α), Prec(α), Rec(α) (Ben Amor et
 al., "Impact of Position Bias on Language Models in Token Classification", §3.2, Eq. 2).
 
-* D*: the sentences whose word length lies between two quantiles (Q1 and Q3 by default) of their
-  split's length distribution; `length_subset`.
+* D*: the sentences whose word length lies between two quantiles (Q1 and Q3 by default) of a
+  length distribution: the split's own, or train + dev + test pooled as the authors'; `length_subset`.
 * D*_test(k): every sentence repeated k times in one input, copies joined by the tokenizer's own
   separator token: `prefix x sep x sep ... x suffix` ([CLS] x [SEP] x [SEP] ... x [SEP] for BERT).
   F1(α) scores the predictions of copy α (α = 1..k) against the gold tags, so the same words are
@@ -14,7 +14,9 @@ al., "Impact of Position Bias on Language Models in Token Classification", §3.2
   (the Random Padding / RPP mechanism, `posbias.perturb.position_shift`): it moves the words
   without repeating the context, which separates "position" from "repeated context".
 * Consistency(α): of the entities (POS: words) predicted right in copy 1, the share also right in
-  copy α of the same input.
+  copy α of the same input (computed at α = 1 too: 100, or undefined when copy 1 gets nothing right).
+* POS also gets the authors' "F1" (seqeval's default mode over sub-tokens,
+  `metrics.seqeval_subtoken_f1`) beside accuracy in every cell.
 
 Token ids are never re-tokenized per k: each sentence is tokenized once and its ids duplicated.
 All (k, sentence) inputs are batched together, longest first, under a token budget per batch.
@@ -42,18 +44,29 @@ from .features import first_subtokens, separator_id, special_tokens, tokenize_se
 MODES = ("duplicate", "shift")
 
 
-def length_subset(examples: list[TaggingExample], quantiles: tuple[float, float] | None = (0.25, 0.75)):
-    """D*: (the sentences whose word length lies in [q_lo, q_hi] quantiles of `examples`' lengths,
-    a description). `quantiles` None keeps every sentence."""
+def length_subset(examples: list[TaggingExample], quantiles: tuple[float, float] | None = (0.25, 0.75), *,
+                  pool: tuple[np.ndarray, list[str]] | None = None):
+    """D*: (the sentences whose word length lies in [q_lo, q_hi], a description). `quantiles` None
+    keeps every sentence.
+
+    The bounds are the quantiles (NumPy's linear interpolation, bounds inclusive, as the authors'
+    `np.percentile`) of `examples`' own lengths, or with `pool` = (lengths, the files they come
+    from) of those pooled lengths: the authors' `trim_dataset` pools train, dev and test, so every
+    split is cut to the same bounds (`posbias.tagging.task.length_pool`)."""
     lengths = np.array([len(e.words) for e in examples], dtype=np.int64)
-    info = {"quantiles": list(quantiles) if quantiles else None, "split_sentences": len(examples)}
+    info = {"quantiles": list(quantiles) if quantiles else None, "split_sentences": len(examples),
+            "pool": list(pool[1]) if pool is not None else None,
+            "pool_sentences": int(len(pool[0])) if pool is not None else len(examples)}
     if not quantiles or not len(examples):
         info.update(length_bounds=None, subset_sentences=len(examples))
         return list(examples), info
     lo_q, hi_q = quantiles
     if not 0 <= lo_q <= hi_q <= 1:
         raise ConfigError(f"quantiles must satisfy 0 <= low <= high <= 1, got {list(quantiles)}")
-    lo, hi = (float(x) for x in np.quantile(lengths, [lo_q, hi_q]))
+    reference = lengths if pool is None else np.asarray(pool[0])
+    if not len(reference):
+        raise ConfigError("the length pool holds no sentence")
+    lo, hi = (float(x) for x in np.quantile(reference, [lo_q, hi_q]))
     keep = [e for e, n in zip(examples, lengths) if lo <= n <= hi]
     info.update(length_bounds=[lo, hi], subset_sentences=len(keep))
     return keep, info
@@ -110,12 +123,14 @@ class _Rows:
 
 
 def _predict_rows(model, rows: _Rows, build, device, batch_tokens: int, pad_id: int,
-                  progress: bool, desc: str) -> list[np.ndarray]:
+                  progress: bool, desc: str, subtokens: bool = False):
     """Run every row, longest first, in batches of at most `batch_tokens` padded tokens; returns per
-    row the (copies, W) predicted label ids. `build(row) -> (ids (s,), position ids or None,
-    first-token positions (n_copies, W))`."""
+    row the (copies, W) predicted label ids, and with `subtokens` per row the (copies, L) ids at
+    every sub-token (else None). `build(row) -> (ids (s,), position ids or None, first-token
+    positions (n_copies, W), every body token's position (n_copies, L))`."""
     order = np.argsort(-rows.length, kind="stable")
     out: list[np.ndarray | None] = [None] * len(order)
+    sub_out: list[np.ndarray | None] | None = [None] * len(order) if subtokens else None
     start = 0
     bar = tqdm(total=len(order), desc=desc, leave=False, disable=not progress or not interactive())
     with torch.inference_mode():
@@ -128,7 +143,7 @@ def _predict_rows(model, rows: _Rows, build, device, batch_tokens: int, pad_id: 
             ids = np.full((len(idx), s), pad_id, dtype=np.int64)
             mask = np.zeros((len(idx), s), dtype=np.int64)
             pos = None if built[0][1] is None else np.zeros((len(idx), s), dtype=np.int64)
-            for j, (x, p, _) in enumerate(built):  # right padding: real tokens keep their slots
+            for j, (x, p, *_) in enumerate(built):  # right padding: real tokens keep their slots
                 ids[j, :len(x)] = x
                 mask[j, :len(x)] = 1
                 if pos is not None:
@@ -139,9 +154,11 @@ def _predict_rows(model, rows: _Rows, build, device, batch_tokens: int, pad_id: 
             label = model(batch)["logits"].argmax(-1).cpu().numpy()  # (b, s)
             for j, r in enumerate(idx):
                 out[r] = label[j, built[j][2]]  # (copies, W)
+                if sub_out is not None:
+                    sub_out[r] = label[j, built[j][3]]  # (copies, L)
             bar.update(len(idx))
     bar.close()
-    return out
+    return out, sub_out
 
 
 def _scores(gold_tags, gold_ents, pred_tags, scheme: str, first_right=None) -> tuple[dict, object]:
@@ -149,25 +166,36 @@ def _scores(gold_tags, gold_ents, pred_tags, scheme: str, first_right=None) -> t
     if scheme == "none":
         res = M.tag_scores(gold_tags, pred_tags)
         right = [np.array(g, dtype=object) == np.array(p, dtype=object) for g, p in zip(gold_tags, pred_tags)]
-        if first_right is not None:
-            base = sum(int(a.sum()) for a in first_right)
-            both = sum(int((a & b).sum()) for a, b in zip(first_right, right))
-            res["consistency"] = 100 * both / base if base else None  # nothing right in copy 1
-        return res, right
-    pred_ents = M.entities(pred_tags, scheme)
-    res = M.scores_of_entities(gold_ents, pred_ents)
-    right = [set(g) & set(p) for g, p in zip(gold_ents, pred_ents)]
+    else:
+        pred_ents = M.entities(pred_tags, scheme)
+        res = M.scores_of_entities(gold_ents, pred_ents)
+        right = [set(g) & set(p) for g, p in zip(gold_ents, pred_ents)]
     if first_right is not None:
-        base = sum(len(a) for a in first_right)
-        both = sum(len(a & b) for a, b in zip(first_right, right))
-        res["consistency"] = 100 * both / base if base else None  # nothing right in copy 1
+        res["consistency"] = consistency(first_right, right)
     return res, right
 
 
+def consistency(first_right: list, right: list) -> float | None:
+    """Of what copy 1 got right (per sentence: entity sets, or POS boolean arrays over words), the
+    share copy α also gets right, in points; None when copy 1 got nothing right (no share to take).
+    At α = 1 it is 100 by this definition, not by decree."""
+    if first_right and isinstance(first_right[0], np.ndarray):
+        base = sum(int(a.sum()) for a in first_right)
+        both = sum(int((a & b).sum()) for a, b in zip(first_right, right))
+    else:
+        base = sum(len(a) for a in first_right)
+        both = sum(len(a & b) for a, b in zip(first_right, right))
+    return 100 * both / base if base else None
+
+
 def _mean_std(values) -> tuple[float | None, float | None]:
-    """mean ± sample std of the defined values; (None, None) when there are none (JSON has no NaN)."""
+    """mean ± sample std of the defined values; None for what is undefined (JSON has no NaN): both
+    when there are no values, the std when there is one (a single k has no spread)."""
     vals = [v for v in values if v is not None]
-    return mean_std(vals) if vals else (None, None)
+    if not vals:
+        return None, None
+    m, s = mean_std(vals)
+    return m, (None if np.isnan(s) else s)
 
 
 def _by_alpha(cells: list[dict], k_max: int, keys: list[str], classes: list[str], class_key: str) -> list[dict]:
@@ -188,15 +216,22 @@ def _by_alpha(cells: list[dict], k_max: int, keys: list[str], classes: list[str]
 
 def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
                   quantiles: tuple[float, float] | None = (0.25, 0.75), modes=MODES, max_len: int | None = None,
-                  batch_tokens: int = 16_384, progress: bool = True) -> dict:
-    """F1(α), Prec(α), Rec(α) (POS: accuracy(α)) of `model` on D*_test(k), k = 1..k_max, overall and
-    per class, in `duplicate` and/or `shift` mode (module docstring); returns a JSON-able dict.
+                  batch_tokens: int = 16_384, progress: bool = True,
+                  length_pool: tuple[np.ndarray, list[str]] | None = None, own_subtokens: bool = False) -> dict:
+    """F1(α), Prec(α), Rec(α) (POS: accuracy(α) and the authors' sub-token F1(α)) of `model` on
+    D*_test(k), k = 1..k_max, overall and per class, in `duplicate` and/or `shift` mode (module
+    docstring); returns a JSON-able dict. Entities are scored in the data's own scheme (a BIOES
+    model's predictions of an IOB2 file mapped back, `metrics.scoring_schemes`).
 
     Args:
         model: a TaggerModel (posbias checkpoint or imported Hugging Face folder), in eval mode or not.
         dataset: the test split read with gold tags; D* is cut from it with `quantiles`.
         max_len: tokens an input may hold (default: the model's position table, see `usable_length`).
         batch_tokens: padded tokens per forward batch (memory bound).
+        length_pool: (sentence lengths, their files) the D* bounds are quantiles of (`length_subset`);
+            None: the test split's own.
+        own_subtokens: POS sub-token F1 from each sub-token's own prediction (a model trained on
+            every sub-token, as the authors'); else each word's prediction on all its sub-tokens.
     """
     unknown = set(modes) - set(MODES)
     if unknown or not modes:
@@ -210,11 +245,17 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
     if (dataset.scheme == "none") != (scheme == "none"):
         raise ConfigError(f"{dataset.path} has {dataset.scheme} tags but the model predicts {scheme} ones")
     t0 = time.perf_counter()
-    subset, info = length_subset(dataset.examples, quantiles)
-    if scheme != "none" and dataset.scheme != scheme:
-        from .schemes import convert
+    subset, info = length_subset(dataset.examples, quantiles, pool=length_pool)
+    labels = np.array(net.labels, dtype=object)
+    if scheme != "none":  # gold in the scoring scheme, the model's labels mapped to it
+        from .schemes import convert, to_iob2_prefixes
 
-        subset = [TaggingExample(e.id, e.words, convert(e.tags, dataset.scheme, scheme), e.meta) for e in subset]
+        scored = M.scoring_schemes(dataset.file_scheme, scheme)
+        if dataset.scheme != scored:
+            subset = [TaggingExample(e.id, e.words, convert(e.tags, dataset.scheme, scored), e.meta) for e in subset]
+        if scheme != scored:
+            labels = np.array(to_iob2_prefixes(net.labels), dtype=object)
+        scheme = scored
     inputs = _Inputs.of(subset, tokenizer)
     limit = usable_length(net, tokenizer, max_len)
     fits = np.flatnonzero(inputs.length(np.arange(len(subset)), k_max) <= limit)  # the k_max-copy input fits
@@ -227,9 +268,14 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
                           "tokens; lower k_max or raise max_len")
     inputs = inputs.select(fits)
     gold = [subset[i].tags for i in fits]
-    scorer = _Scorer(gold, scheme, np.array(net.labels, dtype=object))
+    subtokens = scheme == "none"
+    scorer = _Scorer(gold, scheme, labels, inputs.word_counts() if subtokens else None, own_subtokens)
     device = next(iter([*net.parameters(), *net.buffers()]), torch.empty(0)).device
     result = {"data": dataset.path, "scheme": scheme, "metric": scorer.key, "subset": info}
+    if scheme != net.scheme:
+        result["label_scheme"] = net.scheme  # the model's labels, mapped back for scoring
+    if subtokens:
+        result["subtoken_predictions"] = "own" if own_subtokens else "word"
     tokens_run = 0
     was_training = net.training
     net.eval()
@@ -243,10 +289,10 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
                            else inputs.shift_rows(k_max, getattr(net, "position_base", 0),
                                                   getattr(net, "position_pad", 0)))
             tokens_run += int(rows.length.sum())
-            preds = _predict_rows(net, rows, build, device, batch_tokens, tokenizer.pad_token_id, progress,
-                                  f"{mode} k<= {k_max}")
-            cells = scorer.cells(mode, rows, preds, k_max)
-            # shift: one cell per α (its value does not depend on k), so its std is 0
+            preds, sub_preds = _predict_rows(net, rows, build, device, batch_tokens, tokenizer.pad_token_id, progress,
+                                             f"{mode} k<= {k_max}", subtokens=subtokens)
+            cells = scorer.cells(mode, rows, preds, k_max, sub_preds)
+            # shift: one cell per α (its value does not depend on k), so it has no std over k
             result[mode] = {"cells": cells, "by_alpha": _by_alpha(cells, k_max, scorer.keys, scorer.classes, "f1")}
     finally:
         net.train(was_training)
@@ -259,7 +305,8 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
 @dataclass
 class _Inputs:
     """The evaluated sentences, tokenized once: the tokenizer's specials and separator, each
-    sentence's body ids (L_i,) and the slots of its words' first sub-tokens (W_i,)."""
+    sentence's body ids (L_i,), the slots of its words' first sub-tokens (W_i,) and each body
+    token's word (L_i,)."""
 
     prefix: list[int]
     suffix: list[int]
@@ -267,17 +314,26 @@ class _Inputs:
     bodies: list[np.ndarray]
     firsts: list[np.ndarray]
     unknown_words: int = 0
+    words: list[np.ndarray] | None = None
 
     @classmethod
     def of(cls, examples: list[TaggingExample], tokenizer) -> "_Inputs":
         prefix, suffix = special_tokens(tokenizer)
         tokens, unknown = tokenize_sentences(examples, tokenizer) if examples else ([], 0)
         return cls(prefix, suffix, separator_id(tokenizer), [ids for ids, _ in tokens],
-                   [np.flatnonzero(first_subtokens(wid)) for _, wid in tokens], unknown)
+                   [np.flatnonzero(first_subtokens(wid)) for _, wid in tokens], unknown, [wid for _, wid in tokens])
 
     def select(self, idx) -> "_Inputs":
         return _Inputs(self.prefix, self.suffix, self.sep, [self.bodies[i] for i in idx],
-                       [self.firsts[i] for i in idx], self.unknown_words)
+                       [self.firsts[i] for i in idx], self.unknown_words, [self.words[i] for i in idx])
+
+    def word_counts(self) -> list[np.ndarray]:
+        """Per sentence, (W_i,) sub-tokens of each word."""
+        return [np.bincount(w, minlength=len(f)) for w, f in zip(self.words, self.firsts)]
+
+    def body_slots(self, i: int, k: int) -> np.ndarray:
+        """(k, L_i) slot of every body token of sentence i in each copy of its k-copy input."""
+        return copy_slots(len(self.prefix), len(self.bodies[i]), np.arange(len(self.bodies[i])), k)
 
     def length(self, idx: np.ndarray, k) -> np.ndarray:
         """Tokens of the k-copy inputs of sentences `idx` (k broadcasts)."""
@@ -294,7 +350,7 @@ class _Inputs:
         def build(r):
             i, k = rows.sentence[r], int(rows.k[r])
             return (duplicate_input(self.prefix, self.bodies[i], self.sep, self.suffix, k), None,
-                    copy_slots(len(self.prefix), len(self.bodies[i]), self.firsts[i], k))
+                    copy_slots(len(self.prefix), len(self.bodies[i]), self.firsts[i], k), self.body_slots(i, k))
         return rows, build
 
     def shift_rows(self, k_max: int, base: int, pad: int):
@@ -310,47 +366,57 @@ class _Inputs:
             tau = torch.tensor([copy_shift(alpha, len(self.bodies[i]))])
             p = shift_position_ids(torch.ones(1, len(x), dtype=torch.long), cls_index, tau, base=base,
                                    pad_position=pad)[0].numpy()
-            return x, p, copy_slots(len(self.prefix), len(self.bodies[i]), self.firsts[i], 1)
+            return x, p, copy_slots(len(self.prefix), len(self.bodies[i]), self.firsts[i], 1), self.body_slots(i, 1)
         return rows, build
 
 
 class _Scorer:
     """Scores each (k, α) cell of a mode against the gold tags (entities computed once)."""
 
-    def __init__(self, gold: list[list[str]], scheme: str, labels: np.ndarray):
+    def __init__(self, gold: list[list[str]], scheme: str, labels: np.ndarray,
+                 word_counts: list[np.ndarray] | None = None, own_subtokens: bool = False):
+        """`labels`: the model's label names in the scoring scheme; `word_counts` (POS): per
+        sentence the sub-tokens of each word, for the authors' sub-token F1."""
         self.gold, self.scheme, self.labels = gold, scheme, labels
         self.gold_ents = M.entities(gold, scheme) if scheme != "none" else None
+        self.counts, self.own_subtokens = word_counts, own_subtokens
         if scheme == "none":
-            self.key, self.keys = "accuracy", ["accuracy", "macro_f1", "consistency"]
+            self.key, self.keys = "accuracy", ["accuracy", "macro_f1", M.SUBTOKEN_F1, "consistency"]
             self.classes = sorted({t for s in gold for t in s})
+            self.gold_sub = M.subtoken_sequences(gold, word_counts) if word_counts is not None else None
         else:
             self.key, self.keys = "f1", ["f1", "precision", "recall", "consistency"]
             self.classes = sorted({t for s in self.gold_ents for t, _, _ in s})
 
-    def cells(self, mode: str, rows: _Rows, preds: list[np.ndarray], k_max: int) -> list[dict]:
-        """duplicate: a cell per (k, α ≤ k); shift: a cell per α (its k is α)."""
+    def cells(self, mode: str, rows: _Rows, preds: list[np.ndarray], k_max: int,
+              sub_preds: list[np.ndarray] | None = None) -> list[dict]:
+        """duplicate: a cell per (k, α ≤ k); shift: a cell per α (its k is α). `sub_preds`: per row
+        the (copies, L) label ids at every sub-token (POS)."""
         out = []
         for k in (range(1, k_max + 1) if mode == "duplicate" else [None]):
             first_right = None
             for alpha in range(1, (k or k_max) + 1):
-                if mode == "duplicate":
-                    sel = np.flatnonzero(rows.k == k)  # the rows of this k, in sentence order
-                    pred_tags = [list(self.labels[preds[r][alpha - 1]]) for r in sel]
-                else:
-                    sel = np.flatnonzero(rows.k == alpha)
-                    pred_tags = [list(self.labels[preds[r][0]]) for r in sel]
+                # duplicate: the rows of this k, copy α of each; shift: the rows simulating copy α
+                sel = np.flatnonzero(rows.k == k) if mode == "duplicate" else np.flatnonzero(rows.k == alpha)
+                copy = alpha - 1 if mode == "duplicate" else 0
+                pred_tags = [list(self.labels[preds[r][copy]]) for r in sel]
                 res, right = _scores(self.gold, self.gold_ents, pred_tags, self.scheme, first_right)
                 res["sentences"] = len(sel)  # the same subset for every k
                 if alpha == 1:
                     first_right = right
-                    res["consistency"] = 100.0
+                    res["consistency"] = consistency(right, right)
+                if self.scheme == "none" and self.gold_sub is not None:
+                    sub = ([list(self.labels[sub_preds[r][copy]]) for r in sel] if self.own_subtokens
+                           else M.subtoken_sequences(pred_tags, self.counts))
+                    res[M.SUBTOKEN_F1] = M.seqeval_subtoken_f1(self.gold_sub, sub)
                 out.append({"k": k or alpha, "alpha": alpha, **res})
         return out
 
 
 def summary(result: dict, alphas=(1, 5, 10)) -> dict:
     """Flat numbers for tables and experiments: the main metric at k = 1 (the D* test set as is) and
-    F1(α) / Prec(α) / Rec(α) (POS: accuracy(α)) averaged over k >= α, for each mode."""
+    F1(α) / Prec(α) / Rec(α) (POS: accuracy(α) and the authors' sub-token F1(α)) averaged over
+    k >= α, for each mode. A `_std` is None where one k (or, in shift mode, one cell) has no spread."""
     key = result["metric"]
     out = {}
     for mode in MODES:
@@ -362,7 +428,7 @@ def summary(result: dict, alphas=(1, 5, 10)) -> dict:
         first = next(c for c in part["cells"] if c["alpha"] == 1 and c["k"] == 1)
         if mode == "duplicate":
             out[key] = first[key]
-            for extra in ("precision", "recall", "macro_f1"):
+            for extra in ("precision", "recall", "macro_f1", M.SUBTOKEN_F1):
                 if extra in first:
                     out[extra] = first[extra]
         for a in alphas:
@@ -372,6 +438,9 @@ def summary(result: dict, alphas=(1, 5, 10)) -> dict:
                 for extra in ("precision", "recall", "consistency"):
                     if f"{extra}_mean" in rows[a]:
                         out[f"{tag}{extra}_alpha_{a}"] = rows[a][f"{extra}_mean"]
+                if f"{M.SUBTOKEN_F1}_mean" in rows[a]:
+                    out[f"{tag}{M.SUBTOKEN_F1}_alpha_{a}"] = rows[a][f"{M.SUBTOKEN_F1}_mean"]
+                    out[f"{tag}{M.SUBTOKEN_F1}_alpha_{a}_std"] = rows[a][f"{M.SUBTOKEN_F1}_std"]
     out["scheme"] = result["scheme"]
     return out
 
@@ -379,14 +448,18 @@ def summary(result: dict, alphas=(1, 5, 10)) -> dict:
 def experiment_metrics(result: dict, alphas=(5, 10)) -> dict:
     """What an experiment stores of a `position_eval` result: the `summary` numbers, the α curves
     (mean over k >= α) of both modes, and `report`, the [name, key] pairs its report rows show:
-    the main metric at k = 1, its value at each α (averaged over k >= α), shift mode and
-    consistency at the last α."""
+    the main metric at k = 1, its value at each α (averaged over k >= α), for POS the same of the
+    authors' sub-token F1 (what the paper's Table 3 reports), shift mode and consistency at the
+    last α."""
     key = result["metric"]
     name = "F1" if key == "f1" else "accuracy"
     k_max = result["subset"]["k_max"]
     alphas = [a for a in alphas if 1 < a <= k_max]
     out = dict(summary(result, alphas=(1, *alphas)))
     report = [[name, key]] + [[f"{name}({a})", f"{key}_alpha_{a}"] for a in alphas]
+    if M.SUBTOKEN_F1 in out:
+        report += [["sub-token F1", M.SUBTOKEN_F1]] + [[f"sub-token F1({a})", f"{M.SUBTOKEN_F1}_alpha_{a}"]
+                                                        for a in alphas]
     for mode in MODES:
         part = result.get(mode) or {}
         if "by_alpha" in part:

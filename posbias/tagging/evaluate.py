@@ -37,11 +37,13 @@ def _unwrap(model):
 
 def run_windows(model, features: TaggingFeatures, n_words: np.ndarray, *, pad_id: int, padding_side: str,
                 batch_size: int, max_tokens: int | None = None, accelerator=None,
-                progress: bool = True) -> np.ndarray:
+                progress: bool = True, subtokens: bool = False):
     """Predicted label id of every word, as one flat array over the sentences' words in order.
 
     With an accelerator the windows are split across processes and the predictions gathered on
     every process. Each word is predicted by exactly one window (`features.predict`).
+    `subtokens`: also return the predictions at every sub-token of each word in that window, as
+    (word (T,), label id (T,)): T sub-tokens sorted by their flat word index, in text order.
     """
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     device = accelerator.device if accelerator else next(model.parameters()).device
@@ -51,7 +53,7 @@ def run_windows(model, features: TaggingFeatures, n_words: np.ndarray, *, pad_id
     order = np.argsort(-features.lengths, kind="stable")[rank::world]
     was_training = model.training
     model.eval()
-    flat, labels = [], []
+    flat, labels, sub_flat, sub_labels = [], [], [], []
     with torch.inference_mode():
         for idx in tqdm(eval_batches(order, features.lengths, batch_size, max_tokens), desc="eval", leave=False,
                         disable=not progress or rank != 0 or not interactive()):
@@ -63,54 +65,95 @@ def run_windows(model, features: TaggingFeatures, n_words: np.ndarray, *, pad_id
             sent = features.example_index[idx[rows]]
             flat.append(offsets[sent] + batch["word_index"][pick].numpy())
             labels.append(label)
+            if subtokens:  # every sub-token of the words this window predicts
+                word, first = batch["word_index"].numpy(), pick.numpy()  # (b, s)
+                own = np.stack([np.isin(w, w[f]) for w, f in zip(word, first)]) & (word >= 0)  # (b, s)
+                r, c = np.nonzero(own)  # row-major: each row's tokens in text order
+                sub_flat.append(offsets[features.example_index[idx[r]]] + word[r, c])
+                sub_labels.append(logits.argmax(-1).cpu().numpy()[r, c])
     model.train(was_training)
-    flat = np.concatenate(flat) if flat else np.zeros(0, np.int64)
-    labels = np.concatenate(labels) if labels else np.zeros(0, np.int64)
+
+    def joined(parts):
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    mine = [(joined(flat), joined(labels))] + ([(joined(sub_flat), joined(sub_labels))] if subtokens else [])
     if world > 1:
         from accelerate.utils import gather_object
 
-        for f, lab in gather_object([(flat, labels)]):
-            out[f] = lab
+        everyone = gather_object([mine])
     else:
-        out[flat] = labels
+        everyone = [mine]
+    for f, lab in (m[0] for m in everyone):
+        out[f] = lab
     if (out < 0).any():
         raise RuntimeError(f"{int((out < 0).sum())} words got no prediction: a windowing bug")
-    return out
+    if not subtokens:
+        return out
+    word, lab = (np.concatenate(x) for x in zip(*(m[1] for m in everyone)))
+    keep = np.argsort(word, kind="stable")  # a word's sub-tokens all come from one row, in text order
+    return out, (word[keep], lab[keep])
 
 
 def predict_examples(model, tokenizer, cfg, examples: list[TaggingExample], *, source: str, accelerator=None,
-                     progress: bool = True) -> list[list[str]]:
-    """Predicted tags of every sentence."""
+                     progress: bool = True, subtokens: bool = False):
+    """Predicted tags of every sentence. `subtokens`: also, per sentence, the predicted tag at every
+    sub-token and (W,) the sub-tokens of each word (`subtoken_predictions`)."""
     feats = eval_features(examples, tokenizer, cfg, source)
     n_words = np.array([len(e.words) for e in examples], dtype=np.int64)
-    ids = run_windows(model, feats, n_words, pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side,
+    ran = run_windows(model, feats, n_words, pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side,
                       batch_size=cfg.train.eval_batch_size, max_tokens=cfg.train.eval_batch_tokens,
-                      accelerator=accelerator, progress=progress)
-    labels = np.array(_unwrap(model).labels, dtype=object)[ids]
+                      accelerator=accelerator, progress=progress, subtokens=subtokens)
+    ids, (sub_word, sub_ids) = ran if subtokens else (ran, (None, None))
+    names = np.array(_unwrap(model).labels, dtype=object)
     bounds = np.cumsum(n_words)[:-1]
-    return [list(x) for x in np.split(labels, bounds)]
+    preds = [list(x) for x in np.split(names[ids], bounds)]
+    if not subtokens:
+        return preds
+    counts = np.bincount(sub_word, minlength=int(n_words.sum()))  # (all words,) sub-tokens of each
+    sub_bounds = np.cumsum(counts)[bounds - 1]  # sub-tokens up to each sentence's last word
+    sub = [list(x) for x in np.split(names[sub_ids], sub_bounds)]
+    return preds, (sub, np.split(counts, bounds))
 
 
 def evaluate_dataset(model, tokenizer, cfg, dataset: TaggingDataset, out_dir=None, *, accelerator=None,
                      progress: bool = True) -> dict:
-    """Predict, score and (main process) write predictions.conll (word, gold, predicted) and metrics.json."""
+    """Predict, score and (main process) write predictions.conll (word, gold, predicted) and metrics.json.
+
+    Entities are scored in the data's own scheme (`metrics.scoring_schemes`): a BIOES model on an
+    IOB2 file is scored, and its predictions written, in IOB2. POS results also carry the authors'
+    F1 over sub-tokens (`metrics.seqeval_subtoken_f1`): each sub-token's own prediction when the model
+    was trained on every sub-token (`data.label_subtokens: all`, as the authors'), else its word's."""
     net = _unwrap(model)
     if (dataset.scheme == "none") != (net.scheme == "none"):
         raise ConfigError(f"{dataset.path} has {dataset.scheme} tags but the model predicts {net.scheme} ones")
-    preds = predict_examples(model, tokenizer, cfg, dataset.examples, source=dataset.path, accelerator=accelerator,
-                             progress=progress)
-    examples = dataset.examples
-    if dataset.scheme != net.scheme:
-        # Entity tags in another scheme (IOB2 data, BIOES model): the gold side is converted (it is
-        # well formed; predictions need not be), entities are the same either way.
+    pos = net.scheme == "none"
+    ran = predict_examples(model, tokenizer, cfg, dataset.examples, source=dataset.path, accelerator=accelerator,
+                           progress=progress, subtokens=pos)
+    preds, (sub_preds, counts) = ran if pos else (ran, (None, None))
+    examples, model_gold = dataset.examples, [e.tags for e in dataset.examples]
+    if not pos:
         from .schemes import convert
 
-        examples = [TaggingExample(e.id, e.words, convert(e.tags, dataset.scheme, net.scheme), e.meta)
-                    for e in examples]
-    gold = [e.tags for e in examples]
-    result = metrics.score(gold, preds, net.scheme)
+        data_scheme = dataset.file_scheme
+        gold = [convert(t, dataset.scheme, data_scheme) if dataset.scheme != data_scheme else t for t in model_gold]
+        if dataset.scheme != net.scheme:  # what the model was asked to predict, for the check below
+            model_gold = [convert(t, dataset.scheme, net.scheme) for t in model_gold]
+        gold, preds, scheme = metrics.in_scoring_scheme(gold, preds, data_scheme, net.scheme)
+        examples = [TaggingExample(e.id, e.words, g, e.meta) for e, g in zip(examples, gold)]
+    else:
+        gold, scheme = model_gold, "none"
+    result = metrics.score(gold, preds, scheme)
+    if scheme != net.scheme:
+        result["label_scheme"] = net.scheme  # the model's labels, mapped back for scoring
+    if pos:
+        sub_gold = metrics.subtoken_sequences(gold, counts)
+        own = getattr(getattr(cfg, "data", None), "label_subtokens", "first") == "all"
+        result[metrics.SUBTOKEN_F1] = metrics.seqeval_subtoken_f1(
+            sub_gold, sub_preds if own else metrics.subtoken_sequences(preds, counts))
+        result["subtoken_predictions"] = "own" if own else "word"
+        result["subtokens"] = int(sum(len(s) for s in sub_gold))
     result["skipped_records"] = len(dataset.skipped)
-    unknown = sorted({t for s in gold for t in s} - set(net.labels))
+    unknown = sorted({t for s in model_gold for t in s} - set(net.labels))
     if unknown:
         result["gold_tags_unknown_to_model"] = unknown
     if out_dir is not None and (accelerator is None or accelerator.is_main_process):
@@ -219,9 +262,14 @@ def predict_checkpoint(model, text: str | None = None, data=None, output_dir=Non
                 raise ConfigError("text has no words to tag")
             examples, source = [TaggingExample("text", words)], "<command line>"
         preds = predict_examples(net, tokenizer, cfg, examples, source=source, progress=progress)
+        scheme = net.scheme
+        if data is not None and net.scheme != "none" and ds.scheme != "none":
+            # Tags written in the data's own scheme, as evaluate writes and scores them (a BIOES
+            # model's predictions of an IOB2 file mapped back to IOB2).
+            _, preds, scheme = metrics.in_scoring_scheme([], preds, ds.file_scheme, net.scheme)
         result = {}
         for e, p in zip(examples, preds):
-            ents = metrics.entities([p], net.scheme)[0] if net.scheme != "none" else []
+            ents = metrics.entities([p], scheme)[0] if scheme != "none" else []
             items = [{"type": t, "words": [a, b], "text": " ".join(e.words[a:b])} for t, a, b in ents]
             if spans is not None:
                 for item, (t, a, b) in zip(items, ents):

@@ -50,6 +50,15 @@ class TaggingDataset:
     source_scheme: str | None = None
     length_subset: dict | None = None
 
+    @property
+    def file_scheme(self) -> str:
+        """The scheme of the file's own tags (IOB1 read as IOB2), whatever `data.label_scheme`
+        converted `examples` to for a model: the scheme scores are comparable in."""
+        if self.scheme == "none" or not self.source_scheme:
+            return self.scheme
+        found = {"iob2" if s.strip() == "iob1" else s.strip() for s in str(self.source_scheme).split(",")}
+        return found.pop() if len(found) == 1 and found <= {"iob2", "bioes"} else self.scheme
+
     def tag_set(self) -> list[str]:
         """Sorted distinct gold tags."""
         return sorted({t for e in self.examples for t in (e.tags or [])})

@@ -5,9 +5,11 @@ NER is scored at word level (each word's prediction is read at its first sub-tok
 both boundaries match and its tag sequence is well formed (a predicted `I-PER` after `O` is not
 an entity). seqeval's default mode is conlleval's lenient one, which repairs such sequences; the
 token-positional-bias authors used it, and scored every sub-token. posbias reports the strict
-numbers (`docs/tagging.md` says where this differs from the paper's code).
+numbers (`docs/tagging.md` says where this differs from the paper's code). A model trained on
+BIOES labels is scored on an IOB2 file in IOB2, its predictions mapped back (`scoring_schemes`).
 
-POS (scheme "none"): accuracy over words, and per-tag precision/recall/F1 with their macro mean.
+POS (scheme "none"): accuracy over words, and per-tag precision/recall/F1 with their macro mean;
+beside them the authors' POS "F1" (`seqeval_subtoken_f1`: seqeval's default mode over sub-tokens).
 All numbers are percentages.
 """
 from __future__ import annotations
@@ -85,6 +87,68 @@ def tag_scores(gold: list[list[str]], pred: list[list[str]]) -> dict:
             "sentences": len(gold), "words": len(g), "per_class": per}
 
 
+SUBTOKEN_F1 = "f1_seqeval_subtoken"
+
+
+def seqeval_subtoken_f1(gold: list[list[str]], pred: list[list[str]]) -> float:
+    """The token-positional-bias authors' POS "F1" (their `metrics/ner_f1.py`), in points: seqeval's
+    default (conlleval, lenient) mode, micro F1, over sub-token label sequences.
+
+    Their UD reader writes every UPOS tag as `S-<UPOS>` (a tag of "_" as `O`) and copies a word's
+    label to each of its sub-tokens; seqeval then reads each `S-` label as a one-token chunk, so the
+    score is a micro F1 over sub-tokens: 2 TP / (predicted + gold chunks), computed here in that
+    closed form (seqeval's per-token Python loop would dominate a GPU F1(α) run; the test checks
+    parity with `seqeval.metrics.classification_report`). Bare UPOS strings would be read otherwise:
+    seqeval would merge runs of one tag into one chunk; their code used bare tags only before
+    Dec 2022, ahead of the paper's runs.
+
+    Args:
+        gold, pred: per sentence, one POS tag per sub-token (see `subtoken_sequences`).
+    """
+    if len(gold) != len(pred) or any(len(a) != len(b) for a, b in zip(gold, pred)):
+        raise ValueError("gold and predicted sub-token sequences differ in number or length")
+    g = np.array([t for s in gold for t in s], dtype=object)
+    p = np.array([t for s in pred for t in s], dtype=object)
+    chunk_g, chunk_p = g != "_", p != "_"  # "_" is written O: no chunk
+    tp = int(np.sum((g == p) & chunk_g))  # the same one-token chunk: same place, same tag
+    n = int(chunk_g.sum()) + int(chunk_p.sum())
+    return 100 * 2 * tp / n if n else 0.0
+
+
+def subtoken_sequences(tags: list[list[str]], counts: list[np.ndarray]) -> list[list[str]]:
+    """Word tags repeated over each word's sub-tokens: the authors' labels on every sub-token.
+    `counts`: per sentence, (W,) sub-tokens of each word."""
+    return [list(np.repeat(np.array(t, dtype=object), c)) if len(t) else [] for t, c in zip(tags, counts)]
+
+
+def scoring_schemes(gold_scheme: str, pred_scheme: str) -> str:
+    """The scheme entities are decoded in when gold and predictions come in these schemes: BIOES
+    only when both are (a BIOES file scored for a BIOES model), else IOB2, so that a model trained
+    on BIOES labels (`data.label_scheme: bioes`, as the authors trained CoNLL) and evaluated on an
+    IOB2 file is scored exactly as an IOB2 model would be: its predictions mapped back to IOB2
+    (`schemes.to_iob2_prefixes`) and decoded with strict IOB2. (Strict BIOES would reject more
+    ill-formed predictions, e.g. a B-X with no E-X, than IOB2 can even express.)"""
+    if "none" in (gold_scheme, pred_scheme):
+        if gold_scheme != pred_scheme:
+            raise ValueError(f"gold tags in scheme {gold_scheme}, predictions in {pred_scheme}")
+        return "none"
+    return "bioes" if gold_scheme == pred_scheme == "bioes" else "iob2"
+
+
+def in_scoring_scheme(gold: list[list[str]], pred: list[list[str]], gold_scheme: str,
+                      pred_scheme: str) -> tuple[list[list[str]], list[list[str]], str]:
+    """(gold, predictions, scheme) ready for `score`: gold converted exactly (it is well formed),
+    predictions mapped by prefix (they need not be well formed); see `scoring_schemes`."""
+    from .schemes import convert, to_iob2_prefixes
+
+    scheme = scoring_schemes(gold_scheme, pred_scheme)
+    if scheme != "none" and gold_scheme != scheme:
+        gold = [convert(t, gold_scheme, scheme) for t in gold]
+    if scheme != "none" and pred_scheme != scheme:
+        pred = [to_iob2_prefixes(t) for t in pred]
+    return gold, pred, scheme
+
+
 def score(gold: list[list[str]], pred: list[list[str]], scheme: str) -> dict:
     """Entity scores for an entity scheme, tag scores for "none"."""
     if len(gold) != len(pred) or any(len(a) != len(b) for a, b in zip(gold, pred)):
@@ -133,6 +197,10 @@ def score_files(gold_path, pred_path, *, format: str = "auto", tag: str = "upos"
                     parse_tag(t)
                 except ValueError as e:
                     raise DataError(pred_path, f"line {p.meta.get('line', 0) + k}", str(e)) from None
-    result = score([e.tags for e in gold.examples], [e.tags for e in pred.examples], gold.scheme)
+    gold_tags, pred_tags, scheme = [e.tags for e in gold.examples], [e.tags for e in pred.examples], gold.scheme
+    if scheme != "none":  # e.g. BIOES predictions (a model trained on BIOES labels) of an IOB2 file
+        pred_scheme = "bioes" if any(t[:2] in ("E-", "S-") for s in pred_tags for t in s) else "iob2"
+        gold_tags, pred_tags, scheme = in_scoring_scheme(gold_tags, pred_tags, gold.scheme, pred_scheme)
+    result = score(gold_tags, pred_tags, scheme)
     result.update(gold=str(gold_path), predictions=str(Path(pred_path)))
     return result

@@ -161,6 +161,18 @@ def bioes_to_iob2(tags) -> list[str]:
     return ["O" if p == "O" else f"{'B' if p in ('B', 'S') else 'I'}-{t}" for p, t in parsed]
 
 
+def to_iob2_prefixes(tags) -> list[str]:
+    """BIOES predictions written in IOB2's prefixes (S- -> B-, E- -> I-), tag by tag, without
+    validating: the mapping `bioes_to_iob2` applies to a valid sequence, extended to any sequence a
+    model may predict. Strict IOB2 then reads an entity where a B- (or S-) starts a run of I- (or E-)
+    of its type, as it reads an IOB2 model's predictions."""
+    out = []
+    for tag in tags:
+        prefix, sep, kind = tag.partition("-")
+        out.append(f"{'B' if prefix == 'S' else 'I'}-{kind}" if sep and prefix in ("S", "E") else tag)
+    return out
+
+
 def convert(tags, source: str, target: str) -> list[str]:
     """The tags of a valid `source` sequence written in `target` (iob1 -> iob2 / bioes,
     iob2 <-> bioes); the entities are unchanged. ValueError on an invalid sequence."""

@@ -35,20 +35,68 @@ def read_for(spec, cfg):
     else:
         paths = [resolve_path(p) for p in spec] if isinstance(spec, (list, tuple)) else resolve_path(spec)
         ds = read_tagging(paths, on_bad_record=d.on_bad_record, **d.read_options())
-    if d.length_quantiles is not None:  # D*: the middle of this file's length distribution
+    if d.length_quantiles is not None:  # D*: the middle of the (pooled) length distribution
         from .duplicated import length_subset
 
-        ds.examples, info = length_subset(ds.examples, tuple(d.length_quantiles))
+        ds.examples, info = length_subset(ds.examples, tuple(d.length_quantiles), pool=length_pool(cfg))
         ds.length_subset = info
-    if d.label_scheme != "auto" and ds.scheme != d.label_scheme:
-        if ds.scheme == "none":
-            from ..errors import ConfigError
-
-            raise ConfigError(f"data.label_scheme {d.label_scheme!r}: {ds.path} has no entity tags (scheme none)")
+    # Entity tags only: per-word labels (POS, scheme none) have no scheme to convert to.
+    if d.label_scheme != "auto" and ds.scheme not in (d.label_scheme, "none"):
         for e in ds.examples:
             e.tags = convert(e.tags, ds.scheme, d.label_scheme)
         ds.scheme = d.label_scheme
     return ds
+
+
+_POOL_LENGTHS: dict = {}  # (file, its mtime and size, read options) -> sentence lengths
+
+
+def length_pool(cfg):
+    """(sentence lengths, the files they come from) whose quantiles bound D* under `data.length_pool:
+    pooled` (the authors' `trim_dataset` pools train, dev and test); None under `split`, or when
+    there is nothing to pool (a model without its training files: each file then uses its own).
+
+    The files: `data.length_pool_files`, else the run's `data.train_file` and `data.eval_file`
+    (in-memory `datasets`, named `datasets:...` in a saved config, cannot be read again: skipped).
+    Each file is read once per process."""
+    import os
+
+    import numpy as np
+
+    from ..errors import ConfigError, DataError
+    from .readers import read_tagging
+
+    d = cfg.data
+    if d.length_pool != "pooled":
+        return None
+    key, specs = "data.length_pool_files", d.length_pool_files
+    if specs is None:  # a train or eval file given as shards (a list) is one entry
+        key, specs = "data.train_file / data.eval_file", [d.train_file, d.eval_file]
+    elif isinstance(specs, str):
+        specs = [specs]
+    specs = [s for s in specs if isinstance(s, (str, list)) and not str(s).startswith("datasets:")]
+    lengths, names = [], []
+    options = tuple(sorted(d.read_options().items()))
+    for spec in specs:
+        paths = [resolve_path(p) for p in spec] if isinstance(spec, list) else [resolve_path(spec)]
+        try:
+            stamp = tuple((p, os.stat(p).st_mtime_ns, os.stat(p).st_size) for p in paths)
+        except OSError as e:
+            raise ConfigError(f"data.length_pool: pooled reads {key}, but {e.filename} cannot be read "
+                              f"({e.strerror}); name the files to pool in data.length_pool_files, or set "
+                              "data.length_pool=split") from None
+        if (stamp, options) not in _POOL_LENGTHS:
+            try:
+                ds = read_tagging(paths if len(paths) > 1 else paths[0], on_bad_record=d.on_bad_record,
+                                  **d.read_options())
+            except DataError as e:
+                raise ConfigError(f"data.length_pool ({key}): {e}") from None
+            _POOL_LENGTHS[(stamp, options)] = np.array([len(e.words) for e in ds.examples], dtype=np.int64)
+        lengths.append(_POOL_LENGTHS[(stamp, options)])
+        names.append(", ".join(paths))
+    if not names:
+        return None
+    return np.concatenate(lengths), names
 
 
 def label_list(dataset) -> list[str]:
@@ -150,7 +198,10 @@ class TaggingTask:
 
     def example_scores(self, dataset, eval_dir, run_info: dict) -> dict:
         """Sentence id -> (numerator, denominator) of the main metric (see
-        `posbias.tagging.metrics.sentence_ratios`), from the predictions in `eval_dir`."""
+        `posbias.tagging.metrics.sentence_ratios`), from the predictions in `eval_dir`, in the
+        scheme they were written and scored in (metrics.json's: the data's, for a BIOES model on
+        IOB2 data; the model's in runs scored before)."""
+        import json
         from pathlib import Path
 
         from .metrics import sentence_ratios
@@ -158,6 +209,8 @@ class TaggingTask:
 
         pred = read_tagging(str(Path(eval_dir) / "predictions.conll"), format="conll", tag_column=-1, scheme="none")
         gold = read_tagging(str(Path(eval_dir) / "predictions.conll"), format="conll", tag_column=-2, scheme="none")
-        scheme = run_info.get("scheme", "none")
+        scored = Path(eval_dir) / "metrics.json"
+        scheme = (json.loads(scored.read_text(encoding="utf-8")).get("scheme") if scored.is_file() else None) \
+            or run_info.get("scheme", "none")
         ratios = sentence_ratios([e.tags for e in gold.examples], [e.tags for e in pred.examples], scheme)
         return {e.id: r for e, r in zip(dataset.examples, ratios)}

@@ -181,13 +181,16 @@ def test_queries_receive_gradient(tokenizer, feats, pooling):
     assert sum(p.numel() for p in model.head.parameters()) == 2 * 32  # no parameters but the two queries
 
 
-def test_start_logits_are_query_token_dot_products(tokenizer, feats):
-    model = dyref(tokenizer, {"query_pooling": "max"})
-    batch = batch_of(feats, 2)
+@pytest.mark.parametrize("softmax_over", ["all", "context"])
+def test_start_logits_are_query_token_dot_products(tokenizer, feats, softmax_over):
+    """Eq. 1's scores q_sᵀh_i on the tokens the softmax runs over; the dtype minimum elsewhere."""
+    model = dyref(tokenizer, {"query_pooling": "max", "softmax_over": softmax_over})
+    batch = collate(feats, np.array([int(np.argmin(feats.lengths)), 0]), pad_id=0, with_labels=True)  # padded
     with torch.no_grad():
         enc = model.encode(batch)
         out = model.head(enc, batch)
-    ok = batch["span_mask"]
+    ok = batch["attention_mask"].bool() if softmax_over == "all" else batch["span_mask"]
+    assert (~batch["attention_mask"].bool()).any() and (batch["attention_mask"].bool() & ~batch["span_mask"]).any()
     expect = torch.einsum("bsd,bd->bs", enc["tokens"], enc["queries"][:, 0])
     torch.testing.assert_close(out["start_logits"][ok], expect[ok])
     assert (out["start_logits"][~ok] == torch.finfo(torch.float32).min).all()
@@ -288,3 +291,93 @@ def test_explain_attention_writes_the_map(tmp_path):
     r = run_cli("explain", "attention", "--model", str(tmp_path / "plain" / "run" / "best"), "--question", "Where?",
                 "--context", ctx, "--output-dir", str(tmp_path / "ex3"))
     assert r.returncode != 0 and "needs a dynamic_query" in r.stderr and "Traceback" not in r.stderr
+
+
+# Encoders whose input embeddings are narrower than their hidden states (16 vs 32 here), as in
+# ELECTRA-small (128 vs 256) and ALBERT (128 vs 768+).
+NARROW_EMBEDDINGS = {"electra": {**TINY_ENCODER, "model_type": "electra", "embedding_size": 16},
+                     "albert": {**TINY_ENCODER, "model_type": "albert", "embedding_size": 16}}
+
+
+@pytest.mark.parametrize("kind", list(NARROW_EMBEDDINGS))
+def test_queries_take_the_embedding_width_of_electra_and_albert(tokenizer, feats, kind):
+    """The queries enter beside the word embeddings (Eq. 3's h_i^0), so they are as wide as those;
+    the encoder's own projection lifts queries and tokens to the hidden size. (They were hidden-sized:
+    `RuntimeError: Sizes of tensors must match`.)"""
+    model = dyref(tokenizer, encoder=NARROW_EMBEDDINGS[kind], attn="eager")
+    assert model.encoder.get_input_embeddings().embedding_dim == 16 and model.encoder.config.hidden_size == 32
+    assert model.head.queries.shape == (2, 16)
+    batch = batch_of(feats, 2)
+    kw = model.head.encoder_kwargs(model.encoder, model._inputs, batch)
+    assert kw["inputs_embeds"].shape[-1] == 16
+    targets = {k: batch.pop(k) for k in ("start_positions", "end_positions")}
+    enc = model.train().encode(batch)
+    assert enc["queries"].shape[-1] == enc["tokens"].shape[-1] == 32
+    model.head(enc, batch, targets)["loss"].backward()
+    assert (model.head.queries.grad.abs().sum(-1) > 0).all()
+
+
+@pytest.mark.parametrize("kind", list(NARROW_EMBEDDINGS))
+def test_dyref_on_electra_and_albert_trains_saves_reloads_and_evaluates(tmp_path, kind):
+    import json
+
+    import posbias
+    from conftest import DEMO_DEV
+
+    cfg = build_config(tiny_config(tmp_path, model={"head": "dynamic_query", "encoder": NARROW_EMBEDDINGS[kind]},
+                                   train={"max_steps": 3, "eval_every": 3}))
+    summary = posbias.train(cfg, progress=False)
+    run = tmp_path / "run"
+    first = json.loads((run / "eval" / "metrics.json").read_text(encoding="utf-8"))
+    again = posbias.evaluate(run / "best", DEMO_DEV, tmp_path / "ev", overrides=["data.max_eval_examples=24"],
+                             progress=False)
+    assert summary["steps"] == 3 and again["f1"] == pytest.approx(first["f1"])
+    read = lambda d: json.loads((d / "predictions.json").read_text(encoding="utf-8"))  # noqa: E731
+    assert read(tmp_path / "ev") == read(run / "eval") and len(read(run / "eval")) == 24
+
+
+def test_position_updates_count_the_ids_the_encoder_looks_up(tokenizer, feats):
+    """The update counter sees what DyReF's encoder gets: ids 0 and 1 for the queries and every
+    token's id moved by 2, also when Random Padding shifts them (it counted the tokens' own ids)."""
+    from posbias.analysis.updates import PositionUpdateCounter
+
+    model = dyref(tokenizer)
+    looked_up = []
+    hook = model.encoder.embeddings.position_embeddings.register_forward_hook(
+        lambda module, args, out: looked_up.append(args[0]))
+    short = int(np.argmin(feats.lengths))
+    batch = collate(feats, np.array([short, 0]), pad_id=0, with_labels=True)  # the first row padded
+    alone = collate(feats, np.array([short]), pad_id=0, with_labels=True)
+    cfg = build_config(tiny_config(data={"max_seq_len": 96, "doc_stride": 32, "max_query_len": 24}))
+    shift = random_padding({}, cfg)
+    shift.bind(model)
+    shifted = shift(alone, torch.Generator().manual_seed(0))
+    moved = int(shifted["position_shift"][0])
+    assert moved > 0
+    counted = []
+    for b in (batch, alone, shifted):
+        counter = PositionUpdateCounter(model.encoder.config.max_position_embeddings)
+        counter.add_model_batch(model, b)
+        counter.end_step()
+        with torch.no_grad():
+            model(b)
+        ids, real = model.encoder_position_ids(b)
+        assert torch.equal(ids, looked_up.pop())  # the very ids the position table is indexed with
+        n = len(b["input_ids"])
+        assert torch.equal(real, torch.cat([torch.ones(n, 2, dtype=torch.bool), b["attention_mask"].bool()], 1))
+        expect = np.zeros_like(counter.counts)
+        expect[ids[real].unique().numpy()] = 1
+        assert counter.counts.tolist() == expect.tolist()
+        counted.append(np.flatnonzero(counter.counts).tolist())
+    longest, m = int(batch["attention_mask"].sum(1).max()), int(feats.lengths[short])
+    assert counted[0] == list(range(longest + 2))  # queries 0, 1; tokens 2 .. longest + 1
+    assert counted[1] == list(range(m + 2))
+    # Random Padding: [CLS] keeps its id (2 after the queries), the rest moves by the shift.
+    assert counted[2] == [0, 1, 2] + list(range(3 + moved, m + 2 + moved))
+    hook.remove()
+    # Without queries nothing moves: the tokens' ids, 0 .. longest - 1.
+    plain = build_model(build_config(tiny_config()).model, tokenizer, null_answer=False)
+    counter = PositionUpdateCounter(512)
+    counter.add_model_batch(plain, batch)
+    counter.end_step()
+    assert np.flatnonzero(counter.counts).tolist() == list(range(longest))

@@ -58,6 +58,8 @@ def test_context_first_left_padding_tokenizer(tokenizer, dev_examples):
 
 
 def test_windows_without_answer_dropped_for_v1_and_cls_for_v2(tokenizer, dev_examples):
+    """`unanswerable_windows="auto"` (build_qa_features' default, saved configs' value): the rule before
+    issue 29. Runs default to `cls` for both versions (tests/qa/test_bert_preprocessing.py)."""
     ex = dev_examples[:40]
     v1 = build_qa_features(ex, tokenizer, max_seq_len=64, doc_stride=16, max_query_len=24, train=True, version=1)
     v2 = build_qa_features(ex, tokenizer, max_seq_len=64, doc_stride=16, max_query_len=24, train=True, version=2)

@@ -2,10 +2,12 @@
 import json
 
 import numpy as np
+import pytest
 import torch
 
 import posbias
 from posbias.analysis.updates import PositionUpdateCounter
+from posbias.qa.examples import Answer, QAExample
 from posbias.qa.positions import (first_x_labels, gold_mention_positions, improvement_categories,
                                   predicted_start_positions, quartile_labels)
 from posbias.config import build_config
@@ -41,6 +43,36 @@ def test_quartiles_and_first_x_by_hand():
     assert labels == {"a": "Q1 [0,96)", "b": "Q1 [0,96)", "c": "Q2 [96,192)", "d": "Q4 [288,384)"}
     # App. C's example: mentions at 99 and 200 -> S(1); at 101 and 200 -> S(2); none -> left out.
     assert first_x_labels({"p": [200, 99], "q": [101, 200], "r": []}, 100) == {"p": "S100(1)", "q": "S100(2)"}
+
+
+def _stride_example(qid: str, n: int) -> QAExample:
+    """'Paris' after n filler sentences of 8 tokens, in a context long enough for several windows."""
+    filler = "the cat is on the rug."
+    ctx = " ".join([filler] * n) + " Paris is big. " + " ".join([filler] * 8)
+    return QAExample(qid, "Which city?", ctx.strip(), [Answer("Paris", ctx.strip().index("Paris"))])
+
+
+def test_s_x_counts_a_mention_in_the_front_of_any_window(tokenizer, monkeypatch):
+    """§6.1: S_X^(1) holds the instances "at least one of whose answers is located in the front X
+    tokens of the input sequence". With doc_stride a mention at the rear of its first window can sit in
+    the front of the next one, where the model can find it: that question is in S_X^(1)."""
+    from posbias.qa import positions
+
+    ex = [_stride_example("repeated", 5), _stride_example("rear", 6)]
+    win = dict(max_seq_len=48, doc_stride=16, max_query_len=8)
+    first = gold_mention_positions(ex, tokenizer, **win)
+    every = gold_mention_positions(ex, tokenizer, windows="every", **win)
+    # 'repeated': position 45 in its first window, 19 in the next; 'rear': one window, position 27.
+    assert first == {"repeated": [45], "rear": [27]} and every == {"repeated": [45, 19], "rear": [27]}
+    assert first_x_labels(every, 24) == {"repeated": "S24(1)", "rear": "S24(2)"}
+    assert first_x_labels(first, 24)["repeated"] == "S24(2)"  # the old first-window rule
+    assert first_x_labels(every, 50) == {"repeated": "S50(1)", "rear": "S50(1)"}
+    # The experiment segmenter follows §6.1.
+    cfg = build_config(tiny_config(data=win))
+    monkeypatch.setattr(positions, "_checkpoint_setup", lambda checkpoint: (tokenizer, cfg))
+    assert positions.first_x_tokens(ex, None, "ckpt", x=24) == {"repeated": "S24(1)", "rear": "S24(2)"}
+    with pytest.raises(ValueError, match="windows"):
+        gold_mention_positions(ex, tokenizer, windows="last", **win)
 
 
 def test_predicted_positions_from_nbest():
@@ -93,7 +125,7 @@ def test_training_writes_position_updates(tmp_path):
     assert sum(rp["counts"][128:]) == sum(bl["counts"][128:]) == 0
 
 
-def test_diagnose_writes_position_analyses(tmp_path):
+def test_diagnose_writes_position_analyses(tmp_path, tokenizer, dev_examples):
     cfg = build_config(tiny_config(tmp_path, train={"max_steps": 2}))
     posbias.train(cfg, progress=False)
     res = posbias.diagnose(tmp_path / "run" / "best", DEMO_DEV, tmp_path / "diag", xs=(40, 80),
@@ -105,6 +137,10 @@ def test_diagnose_writes_position_analyses(tmp_path):
     s40 = {r["segment"]: r["questions"] for r in res["tables"]["first_x_tokens(x=40)"]}
     s80 = {r["segment"]: r["questions"] for r in res["tables"]["first_x_tokens(x=80)"]}
     assert s80.get("S80(1)", 0) >= s40.get("S40(1)", 0)  # a larger X puts more questions in S(1)
+    # S_X as §6.1 (a mention in the front X tokens of any window), like the experiment segmenter.
+    every = gold_mention_positions(dev_examples[:60], tokenizer, max_seq_len=128, doc_stride=48, windows="every")
+    labels = list(first_x_labels(every, 40).values())
+    assert s40 == {s: labels.count(s) for s in set(labels)}
     for f in ("diagnosis.md", "diagnosis.html", "diagnosis.json", "f1_by_position.png", "position_updates.png",
               "eval/predictions.json"):
         assert (tmp_path / "diag" / f).is_file(), f

@@ -70,10 +70,13 @@ def test_cli_build_writes_readable_squad_and_stats(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "D_40~150" in r.stdout
     val, test = read_qa(out / "val.json"), read_qa(out / "test.json")  # offsets re-validated on read
-    assert abs(len(val.examples) - len(test.examples)) <= 1
-    assert not val.has_impossible  # unanswerable instances are dropped from evaluation sets
     stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
-    assert stats["splits"]["val"]["instances"] == len(val.examples)
+    # Equal halves before truncation; the instances it leaves unanswerable then go from each (so the
+    # written halves may differ in size, as Table 9's D_800 4,924 / 4,925).
+    assert abs(stats["before_filtering"]["val"] - stats["before_filtering"]["test"]) <= 1
+    assert stats["before_filtering"]["val"] + stats["before_filtering"]["test"] == stats["read"]
+    assert not val.has_impossible  # unanswerable instances are dropped from evaluation sets
+    assert stats["splits"]["val"]["instances"] == len(val.examples) < stats["before_filtering"]["val"]
 
 
 def test_sample_keeps_a_seeded_ordered_subset_per_part(tmp_path):
@@ -89,3 +92,32 @@ def test_sample_keeps_a_seeded_ordered_subset_per_part(tmp_path):
     assert len(val.examples) == len(test.examples) == 30
     assert not {e.id for e in val.examples} & {e.id for e in test.examples}  # halves stay disjoint
     assert stats["available"]["val"] > 30 and stats["sample"] == 30
+
+
+def test_split_comes_before_truncation(tmp_path):
+    """§4.1 splits the dev set in halves, then truncates: D_L and D_{L1~L2} built from one file with
+    one seed share their halves (before filtering), whatever the lengths."""
+    from posbias.qa.truncate import build_dataset
+
+    def halves(folder, **kw):
+        stats = build_dataset([DEMO_DEV], tmp_path / folder, split=True, seed=7, **kw)
+        ids = {part: [e.id for e in read_qa(tmp_path / folder / f"{part}.json").examples] for part in ("val", "test")}
+        return stats, ids
+
+    _, original = halves("original")
+    for name, kw in (("d30", {"truncate": 30}), ("d120", {"truncate": 120}),
+                     ("d20_80", {"truncate_range": (20, 80)})):
+        stats, kept = halves(f"{name}_kept", keep_unanswerable=True, **kw)
+        assert kept == original, name  # identical question-id halves before filtering, in file order
+        assert stats["before_filtering"] == {"val": len(original["val"]), "test": len(original["test"])}
+        stats, filtered = halves(name, **kw)
+        for part in ("val", "test"):  # filtering only removes instances from each half
+            assert set(filtered[part]) <= set(original[part]), (name, part)
+            assert stats["available"][part] == len(filtered[part])
+        assert len(filtered["val"]) + len(filtered["test"]) < len(original["val"]) + len(original["test"])
+    # A D_{L1~L2} instance gets the same length with or without the split.
+    build_dataset([DEMO_DEV], tmp_path / "whole", truncate_range=(20, 80), seed=7, keep_unanswerable=True)
+    whole = {e.id: e.context for e in read_qa(tmp_path / "whole" / "data.json").examples}
+    split = {e.id: e.context for part in ("val", "test")
+             for e in read_qa(tmp_path / "d20_80_kept" / f"{part}.json").examples}
+    assert split == whole

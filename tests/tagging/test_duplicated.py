@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import posbias
-from posbias.config import RESOURCES
+from posbias.config import RESOURCES, resolve_path
 from posbias.tagging import duplicated as D
 from posbias.tagging.examples import TaggingDataset, TaggingExample
 from posbias.tagging.features import separator_id, special_tokens
@@ -192,10 +192,15 @@ def test_diagnose_tagging_on_posbias_and_hugging_face_checkpoints(tmp_path):
     md = (tmp_path / "diag" / "diagnosis.md").read_text(encoding="utf-8")
     assert "F1(α)" in md and "D*: sentence lengths in" in md
     assert res["subset"]["k_max"] == 4 and "f1_alpha_1" in res["summary"]
-    # A model trained outside posbias: its exported AutoModelForTokenClassification folder.
+    # D* pools the run's train and dev lengths (data.length_pool: pooled, the authors' rule).
+    assert res["subset"]["pool"] == [str(resolve_path(f"demo:wnut-{s}")) for s in ("train", "dev")]
+    assert "pooled from" in md
+    # A model trained outside posbias: its exported AutoModelForTokenClassification folder. It knows
+    # no training files: the same pool is named for the same D*.
     posbias.export(best, tmp_path / "hf")
     out = run_cli("diagnose", "tagging", "--model", str(tmp_path / "hf"), "--data", "demo:wnut-dev",
-                  "--output-dir", str(tmp_path / "diag_hf"), "--k-max", "3", "--modes", "duplicate")
+                  "--output-dir", str(tmp_path / "diag_hf"), "--k-max", "3",
+                  "data.length_pool_files=[demo:wnut-train,demo:wnut-dev]", "--modes", "duplicate")
     assert out.returncode == 0, out.stderr
     hf = __import__("json").loads((tmp_path / "diag_hf" / "diagnosis.json").read_text(encoding="utf-8"))
     ours = __import__("json").loads((tmp_path / "diag" / "diagnosis.json").read_text(encoding="utf-8"))

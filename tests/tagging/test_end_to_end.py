@@ -35,8 +35,15 @@ def test_train_writes_its_files(trained):
               "eval/predictions.conll", "eval/metrics.json"]:
         assert (run / f).is_file(), f
     info = json.loads((run / "run_info.json").read_text(encoding="utf-8"))
-    assert info["task"] == "tagging" and info["status"] == "finished" and info["scheme"] == "iob2"
+    # The model learns IOBES labels (data.label_scheme: bioes, as the authors trained CoNLL) from the
+    # IOB2 file, and is scored and writes its predictions in IOB2, the file's scheme.
+    assert info["task"] == "tagging" and info["status"] == "finished" and info["scheme"] == "bioes"
+    assert info["source_scheme"] == "iob2" and "S-location" in info["labels"]
     assert info["labels"][0] == "O" and "B-location" in info["labels"] and "torch" in info["versions"]
+    scored = json.loads((run / "eval" / "metrics.json").read_text(encoding="utf-8"))
+    assert scored["scheme"] == "iob2" and scored["label_scheme"] == "bioes"
+    rows = [line.split("\t") for line in (run / "eval" / "predictions.conll").read_text(encoding="utf-8").splitlines()]
+    assert not any(t[:2] in ("E-", "S-") for row in rows if row != [""] for t in row[1:])
     assert summary["metric"] == "f1" and summary["best_step"] in (3, 6) and "best_f1" in summary
     steps = [json.loads(x)["step"] for x in (run / "eval_log.jsonl").read_text(encoding="utf-8").splitlines()]
     assert steps == [3, 6]

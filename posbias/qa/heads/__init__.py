@@ -10,9 +10,14 @@
         `span_scores.top_spans(span_scores(...), ...)` (the independent head's scores add up);
     optionally encode(encoder, encoder_inputs, batch) -> what forward receives as `hidden`, for heads
         that change the encoder's input (DyReF feeds its queries through the encoder), with
-        `position_offset`, the positions they put before the tokens.
+        `position_offset`, the positions they put before the tokens, and
+        encoder_position_ids(encoder_inputs, batch) -> (b, position_offset + s) the position ids the
+        encoder is given (what the position-update counter counts).
 
 Heads register a factory `(hidden_size, null_answer, **head_options) -> head` in
-`posbias.registry.HEADS`; importing this package registers the built-in ones.
+`posbias.registry.HEADS`; importing this package registers the built-in ones. A factory with a
+keyword `embedding_size` also gets the width of the encoder's input embeddings (narrower than
+`hidden_size` in ALBERT and ELECTRA-small); one with `softmax_over` gets `model.softmax_over_default`
+when the run's head options do not set it.
 """
 from . import dynamic_query, independent, matrix, pointer  # noqa: F401

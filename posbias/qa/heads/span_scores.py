@@ -1,4 +1,4 @@
-"""Pure helpers shared by every span head: candidate masks and the band-masked span top-k.
+"""Pure helpers shared by every span head: candidate and softmax masks and the band-masked span top-k.
 
 Shape legend: b batch, s sequence, k kept spans.
 """
@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
+
+from ...errors import ConfigError
 
 
 def candidate_mask(span_mask: torch.Tensor, cls_index: torch.Tensor, with_null: bool) -> torch.Tensor:
@@ -19,6 +21,30 @@ def candidate_mask(span_mask: torch.Tensor, cls_index: torch.Tensor, with_null: 
     mask = span_mask.clone()
     mask[torch.arange(mask.shape[0], device=mask.device), cls_index] = True
     return mask
+
+
+SOFTMAX_OVER = ("context", "all")
+
+
+def check_softmax_over(value: str) -> str:
+    """`model.head_options.softmax_over`, checked (a ConfigError names the key)."""
+    if value not in SOFTMAX_OVER:
+        raise ConfigError(f"model.head_options.softmax_over must be one of {list(SOFTMAX_OVER)}, got {value!r}")
+    return value
+
+
+def softmax_mask(batch: dict, softmax_over: str, with_null: bool) -> torch.Tensor:
+    """(b, s) bool: the tokens a start/end softmax normalises over.
+
+    `context`: the candidates (`candidate_mask`; Random Padding paper Eq. 1-2). `all`: every real
+    token, [CLS] and question included, padding excluded (DyReF Eq. 1 sums over all N input tokens;
+    the authors' dyref.py masks only padding; HF BertForQuestionAnswering's loss). Only the loss
+    differs: decoding restricts spans to the context itself (`decode.batch_candidates`), and the
+    SQuAD v2 null score reads the [CLS] logits, which are real under both.
+    """
+    if softmax_over == "all":
+        return batch["attention_mask"].bool()
+    return candidate_mask(batch["span_mask"], batch["cls_index"], with_null)
 
 
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
