@@ -386,6 +386,17 @@ class StreamedFeatures:
     def __len__(self) -> int:
         return len(self.lengths)
 
+    def _trim(self, keep: int | None) -> None:
+        """Over budget: drop the least recently used examples but `keep`; their remaining windows are
+        rebuilt when asked for."""
+        held = sum(self._tokens[e] for e in self._cache)
+        for e in list(self._cache):
+            if held <= self.cache_tokens:
+                break
+            if e != keep:
+                held -= self._tokens[e]
+                del self._cache[e]
+
     def select(self, idx) -> QAFeatures:
         """Windows `idx` (file numbering), in that order; example indices are the file's.
 
@@ -394,34 +405,54 @@ class StreamedFeatures:
         """
         idx = np.asarray(idx, dtype=np.int64)
         ex = self.example_index[idx]
-        need = set(np.unique(ex).tolist())
-        missing = sorted(need - self._cache.keys())
-        if missing:
-            built = build_qa_features([self.examples[e] for e in missing], self.tokenizer, train=False,
-                                      **self.options)
-            for j, e in enumerate(missing):
-                self._cache[e] = built.select(np.flatnonzero(built.example_index == j))
-        for e in need:  # most recently used last
-            self._cache[e] = self._cache.pop(e)
-        rows = [(self._cache[e], w) for e, w in zip(ex.tolist(), (idx - self._first[ex]).tolist())]
+        need = np.unique(ex).tolist()
+        windows = (idx - self._first[ex]).tolist()
+        picked: dict[tuple[int, int], tuple] = {}  # (example, window) -> its fields
+        # One example at a time, the cache trimmed after each: a batch of the last windows of many long
+        # examples (they sort together) never holds every one of those examples' windows at once.
+        wanted: dict[int, set] = {}
+        for x, w in zip(ex.tolist(), windows):
+            wanted.setdefault(x, set()).add(w)
+
+        def take(e: int, feats: QAFeatures) -> None:
+            for w in wanted[e]:
+                picked[e, w] = (feats.input_ids[w], None if feats.token_type_ids is None else feats.token_type_ids[w],
+                                feats.offsets[w], feats.max_context[w], int(feats.cls_index[w]),
+                                feats.question_mask[w])
+            self._cache[e] = feats  # most recently used last
+            self._trim(keep=e)
+
+        cached = [e for e in need if e in self._cache]
+        for e in cached:
+            take(e, self._cache.pop(e))
+        missing = [e for e in need if e not in set(cached)]
+        # Examples are built together up to the cache's token budget (one tokenizer call for many
+        # short ones), a long one alone.
+        groups, group, tokens = [], [], 0
+        for e in missing:
+            if group and tokens + self._tokens[e] > self.cache_tokens:
+                groups.append(group)
+                group, tokens = [], 0
+            group.append(e)
+            tokens += self._tokens[e]
+        if group:
+            groups.append(group)
+        for group in groups:
+            built = build_qa_features([self.examples[e] for e in group], self.tokenizer, train=False, **self.options)
+            for j, e in enumerate(group):
+                take(e, built.select(np.flatnonzero(built.example_index == j)))
+            del built
+        rows = [picked[e, w] for e, w in zip(ex.tolist(), windows)]
         out = QAFeatures(
-            input_ids=[f.input_ids[w] for f, w in rows],
-            token_type_ids=None if rows[0][0].token_type_ids is None else [f.token_type_ids[w] for f, w in rows],
-            offsets=[f.offsets[w] for f, w in rows], max_context=[f.max_context[w] for f, w in rows],
-            cls_index=np.array([f.cls_index[w] for f, w in rows], dtype=np.int64), example_index=ex,
+            input_ids=[r[0] for r in rows],
+            token_type_ids=None if rows[0][1] is None else [r[1] for r in rows],
+            offsets=[r[2] for r in rows], max_context=[r[3] for r in rows],
+            cls_index=np.array([r[4] for r in rows], dtype=np.int64), example_index=ex,
             start_positions=np.full(len(idx), -1, np.int64), end_positions=np.full(len(idx), -1, np.int64),
-            question_mask=[f.question_mask[w] for f, w in rows])
+            question_mask=[r[5] for r in rows])
         np.subtract.at(self._left, ex, 1)
         for e in need:
             if self._left[e] <= 0:  # every window of the example is done
-                del self._cache[e]
-        # Over budget: drop the least recently used examples (not this batch's); their remaining
-        # windows are rebuilt when asked for.
-        held = sum(self._tokens[e] for e in self._cache)
-        for e in list(self._cache):
-            if held <= self.cache_tokens:
-                break
-            if e not in need:
-                held -= self._tokens[e]
-                del self._cache[e]
+                self._cache.pop(e, None)
+        self._trim(keep=ex[-1].item() if len(ex) else None)
         return out
