@@ -58,6 +58,37 @@ def tiny_config(tmp_path=None, **sections) -> dict:
     return d
 
 
+def demo_v2_file(tmp_path, n: int):
+    """(path, examples): the first `n` bundled dev questions as a SQuAD v2 file, every third one
+    unanswerable."""
+    import json
+
+    from posbias.qa.readers import read_qa
+
+    examples = read_qa(DEMO_DEV).examples[:n]
+    data = [{"title": "t", "paragraphs": [{"context": e.context, "qas": [{
+        "id": e.id, "question": e.question, "is_impossible": i % 3 == 0,
+        "answers": [] if i % 3 == 0 else [{"text": a.text, "answer_start": a.start} for a in e.answers]}]}]}
+        for i, e in enumerate(examples)]
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps({"version": "v2.0", "data": data}))
+    return path, examples
+
+
+def train_and_reevaluate(cfg, tmp_path):
+    """(training summary, the run's final eval metrics, `posbias.evaluate` of its best/ on the first
+    24 demo dev questions) for a run writing to tmp_path / "run"."""
+    import json
+
+    import posbias
+
+    summary = posbias.train(cfg, progress=False)
+    first = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text(encoding="utf-8"))
+    again = posbias.evaluate(tmp_path / "run" / "best", DEMO_DEV, tmp_path / "ev",
+                             overrides=["data.max_eval_examples=24"], progress=False)
+    return summary, first, again
+
+
 @pytest.fixture
 def tiny_cfg(tmp_path):
     return build_config(tiny_config(tmp_path))

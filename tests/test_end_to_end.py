@@ -14,7 +14,7 @@ import posbias
 from posbias.cli import SUBCOMMANDS
 from posbias.config import build_config
 
-from conftest import BIN, DEMO_DEV, INTERRUPT, relative_error, run_cli, tiny_config
+from conftest import BIN, DEMO_DEV, INTERRUPT, demo_v2_file, relative_error, run_cli, tiny_config
 
 
 
@@ -233,15 +233,7 @@ def test_two_process_training_with_torchrun(tmp_path):
 
 def test_squad_v2_end_to_end(tmp_path):
     """Unanswerable questions switch on the null answer: [CLS] labels, null odds, v2 metrics."""
-    from posbias.qa.readers import read_qa
-
-    examples = read_qa(DEMO_DEV).examples[:60]
-    data = [{"title": "t", "paragraphs": [{"context": e.context, "qas": [{
-        "id": e.id, "question": e.question, "is_impossible": i % 3 == 0,
-        "answers": [] if i % 3 == 0 else [{"text": a.text, "answer_start": a.start} for a in e.answers]}]}]}
-        for i, e in enumerate(examples)]
-    path = tmp_path / "v2.json"
-    path.write_text(json.dumps({"version": "v2.0", "data": data}))
+    path, examples = demo_v2_file(tmp_path, 60)
     cfg = build_config(tiny_config(tmp_path, data={"train_file": str(path), "eval_file": str(path),
                                                    "max_train_examples": None, "max_eval_examples": None}))
     summary = posbias.train(cfg, progress=False)

@@ -321,16 +321,12 @@ def test_queries_take_the_embedding_width_of_electra_and_albert(tokenizer, feats
 def test_dyref_on_electra_and_albert_trains_saves_reloads_and_evaluates(tmp_path, kind):
     import json
 
-    import posbias
-    from conftest import DEMO_DEV
+    from conftest import train_and_reevaluate
 
     cfg = build_config(tiny_config(tmp_path, model={"head": "dynamic_query", "encoder": NARROW_EMBEDDINGS[kind]},
                                    train={"max_steps": 3, "eval_every": 3}))
-    summary = posbias.train(cfg, progress=False)
+    summary, first, again = train_and_reevaluate(cfg, tmp_path)
     run = tmp_path / "run"
-    first = json.loads((run / "eval" / "metrics.json").read_text(encoding="utf-8"))
-    again = posbias.evaluate(run / "best", DEMO_DEV, tmp_path / "ev", overrides=["data.max_eval_examples=24"],
-                             progress=False)
     assert summary["steps"] == 3 and again["f1"] == pytest.approx(first["f1"])
     read = lambda d: json.loads((d / "predictions.json").read_text(encoding="utf-8"))  # noqa: E731
     assert read(tmp_path / "ev") == read(run / "eval") and len(read(run / "eval")) == 24

@@ -16,7 +16,7 @@ from posbias.qa.heads.matrix import MatrixHead, _top_but_gold, ensemble_merge
 from posbias.qa.heads.span_scores import top_spans
 from posbias.qa.model import build_model
 
-from conftest import DEMO_DEV, tiny_config
+from conftest import tiny_config, train_and_reevaluate
 
 HEAD_OPTIONS = {
     "conditional_pointer": {},
@@ -319,11 +319,8 @@ def test_head_trains_saves_reloads_and_evaluates_the_same(tmp_path, name):
     head = name if name in ("conditional_pointer", "dynamic_query") else "matrix"
     cfg = build_config(tiny_config(tmp_path, model={"head": head, "head_options": HEAD_OPTIONS[name]},
                                    train={"max_steps": 3, "eval_every": 3}))
-    summary = posbias.train(cfg, progress=False)
+    summary, first, again = train_and_reevaluate(cfg, tmp_path)
     run = tmp_path / "run"
-    first = json.loads((run / "eval" / "metrics.json").read_text(encoding="utf-8"))
-    again = posbias.evaluate(run / "best", DEMO_DEV, tmp_path / "ev", overrides=["data.max_eval_examples=24"],
-                             progress=False)
     assert again["f1"] == pytest.approx(first["f1"]) and again["exact_match"] == pytest.approx(first["exact_match"])
     assert summary["steps"] == 3
     # The reloaded model gives the same answers with the same scores (F1 alone is ~0 after 3 steps).

@@ -20,7 +20,7 @@ from posbias.qa.features import build_qa_features
 from posbias.qa.model import build_model
 from posbias.registry import HEADS
 
-from conftest import DEMO_DEV, tiny_config
+from conftest import demo_v2_file, tiny_config
 
 RECORDED = Path(__file__).resolve().parents[2] / "docs" / "experiments" / "dyref_fewshot" / "experiment.sqlite"
 
@@ -195,15 +195,7 @@ def test_decoding_with_all_proposes_context_spans_and_scores_null_at_cls(tokeniz
 def test_squad_v2_with_the_all_token_dyref_trains_and_predicts_context_answers(tmp_path):
     """v2 end to end with DyReF's default softmax: [CLS] labels train, null odds are finite, and
     every non-empty answer is a piece of its context."""
-    from posbias.qa.readers import read_qa
-
-    examples = read_qa(DEMO_DEV).examples[:30]
-    data = [{"title": "t", "paragraphs": [{"context": e.context, "qas": [{
-        "id": e.id, "question": e.question, "is_impossible": i % 3 == 0,
-        "answers": [] if i % 3 == 0 else [{"text": a.text, "answer_start": a.start} for a in e.answers]}]}]}
-        for i, e in enumerate(examples)]
-    path = tmp_path / "v2.json"
-    path.write_text(json.dumps({"version": "v2.0", "data": data}))
+    path, examples = demo_v2_file(tmp_path, 30)
     cfg = build_config(tiny_config(tmp_path, model={"head": "dynamic_query"},
                                    data={"train_file": str(path), "eval_file": str(path),
                                          "max_train_examples": None, "max_eval_examples": None}))
