@@ -167,7 +167,35 @@ def load_for_eval(model, overrides, task: str):
     net, tokenizer, mcfg = load_checkpoint(model, task=task)
     cfg = eval_config(mcfg, overrides)
     check_max_seq_len(net, cfg)
-    return net.to(resolve_device(cfg.train.device)), tokenizer, cfg
+    device = resolve_device(cfg.train.device)
+    return with_precision(net.to(device), eval_precision(cfg, device)), tokenizer, cfg
+
+
+def eval_precision(cfg: RunConfig, device):
+    """The resolved `train.eval_precision` of an evaluation, prediction or diagnosis on `device`."""
+    from .precision import resolve_precision
+
+    return resolve_precision(cfg.train.eval_precision, device, "train.eval_precision")
+
+
+_ANNOUNCED: set = set()
+
+
+def with_precision(net, precision):
+    """`net` whose forward runs under `precision`'s autocast (as accelerate wraps a prepared model's
+    forward); fp32 leaves it as it is. A choice other than plain fp32 is printed once per process."""
+    import sys
+
+    from .precision import autocast
+
+    if precision.requested not in ("fp32", "no") and precision not in _ANNOUNCED:
+        _ANNOUNCED.add(precision)
+        print(f"posbias: evaluating in {precision.name} ({precision.reason})", file=sys.stderr, flush=True)
+    if precision.name == "fp32":
+        return net
+    device = next(net.parameters()).device
+    net.forward = autocast(device, precision)(net.forward)
+    return net
 
 
 # What evaluate / predict / diagnose write into an output folder. An existing folder holding only
@@ -221,11 +249,13 @@ def write_run_meta(output_dir, cfg: RunConfig, command: str, model, data, t0: fl
     from .devices import describe, resolve_device
     from .utils import now_iso, versions
 
+    device = resolve_device(cfg.train.device)
     save_config(cfg, Path(output_dir) / "config.yaml")
     atomic_write_json(Path(output_dir) / "run_info.json", {
         "command": command, "model": str(model), "data": str(data), "finished": now_iso(),
         "seconds": round(time.time() - t0, 2), "skipped_records": len(skipped), "skipped": list(skipped)[:100],
-        "seed": cfg.train.seed, "versions": versions(), "hardware": describe(resolve_device(cfg.train.device))})
+        "seed": cfg.train.seed, "versions": versions(), "hardware": describe(device),
+        "precision": eval_precision(cfg, device).to_dict()})
 
 
 def checkpoint_task(path) -> str:

@@ -42,8 +42,14 @@ DEVICE_HELP = ("where the model runs: auto (a CUDA GPU when torch sees one, else
                "the same as the override train.device=...")
 
 
+PRECISION_HELP = ("numeric precision: fp32, bf16, fp16, or auto (bf16 where the CPU has AMX-BF16 or AVX512-BF16 "
+                  "or the GPU supports bf16, else fp32); training: the override train.mixed_precision=..., "
+                  "evaluation, prediction and diagnosis: train.eval_precision=...")
+
+
 def _device_arg(p):
     p.add_argument("--device", default=None, help=DEVICE_HELP)
+    p.add_argument("--precision", default=None, choices=["fp32", "bf16", "fp16", "auto"], help=PRECISION_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -317,6 +323,12 @@ def main(argv=None) -> int:
         args.overrides = list(args.overrides or []) + extra
     if getattr(args, "device", None) is not None and hasattr(args, "overrides"):  # --device X = train.device=X
         args.overrides = list(args.overrides or []) + [f"train.device={args.device}"]
+    if getattr(args, "precision", None) is not None and hasattr(args, "overrides"):
+        if args.command in ("train", "demo"):  # --precision X = train.mixed_precision=X (fp32: accelerate's `no`)
+            override = f"train.mixed_precision={'no' if args.precision == 'fp32' else args.precision}"
+        else:  # --precision X = train.eval_precision=X
+            override = f"train.eval_precision={args.precision}"
+        args.overrides = list(args.overrides or []) + [override]
     try:
         return run(args)
     except PosbiasError as e:

@@ -76,7 +76,14 @@ class TrainConfig:
     save_every: int | None = None
     """Also save a resumable checkpoint every N steps (always at each evaluation)."""
     mixed_precision: str = "no"
-    """Passed to accelerate (`no`, `bf16`, `fp16`)."""
+    """Training precision, through accelerate's autocast: `no` (fp32), `bf16`, `fp16`, or `auto`:
+    bf16 where the hardware runs it natively (a CPU with AMX-BF16 or AVX512-BF16, a CUDA GPU with
+    bf16), else fp32. The resolved choice and why go in run_info.json. Periodic evaluation during
+    training runs in the training's precision. Heads, losses and metrics stay fp32."""
+    eval_precision: str = "fp32"
+    """Precision of evaluation, prediction and diagnosis (`--precision`): `fp32`, `bf16`, `fp16` or
+    `auto` (as for `mixed_precision`); recorded with the metrics. Not part of the config hash while
+    fp32 (runs recorded before the key existed evaluated in fp32)."""
     eval_batch_size: int = 64
     """Windows per batch at evaluation."""
     eval_batch_tokens: int | None = 8192
@@ -103,7 +110,7 @@ class TrainConfig:
 # left out of the hash.
 HASH_NEUTRAL_DEFAULTS = {("data", "train_subset"): "first", ("train", "early_stopping_patience"): None,
                          ("data", "label_map"): None, ("data", "tags_column"): None,
-                         ("data", "length_pool_files"): None}
+                         ("data", "length_pool_files"): None, ("train", "eval_precision"): "fp32"}
 
 
 # Keys added with a default that changes behaviour (to follow a paper, issue 29): a config saved
@@ -365,7 +372,8 @@ def validate(cfg: RunConfig) -> None:
     choice(m.position_embedding_type, [None, "absolute", "relative_key", "relative_key_query"],
             "model.position_embedding_type")
     choice(d.on_bad_record, ["error", "skip"], "data.on_bad_record")
-    choice(t.mixed_precision, ["no", "bf16", "fp16"], "train.mixed_precision")
+    choice(t.mixed_precision, ["no", "bf16", "fp16", "auto"], "train.mixed_precision")
+    choice(t.eval_precision, ["fp32", "bf16", "fp16", "auto"], "train.eval_precision")
     check_device_spec(t.device, "train.device")
     t.report_to = check_trackers(t.report_to)
     if t.early_stopping_patience is not None and t.early_stopping_patience < 1:

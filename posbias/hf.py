@@ -303,11 +303,18 @@ class PositionBiasCallback(_callback_base()):
         k_max, quantiles, alphas, batch_tokens: as `posbias diagnose tagging`.
         metric_key_prefix: the Trainer's prefix ("eval").
         label_map: data class -> the model's, when the data names its classes otherwise.
+        precision: `trainer` (default: bf16 / fp16 autocast when the TrainingArguments ask for it,
+            as the Trainer's own evaluation), or `fp32`, `bf16`, `fp16`, `auto` (`posbias.precision`).
     """
 
     def __init__(self, data, tokenizer, *, labels: list[str] | None = None, k_max: int = 10,
                  quantiles=(0.25, 0.75), alphas=(1, 5, 10), batch_tokens: int = 16_384,
-                 metric_key_prefix: str = "eval", label_map: dict | None = None):
+                 metric_key_prefix: str = "eval", label_map: dict | None = None, precision: str = "trainer"):
+        from .precision import VALUES
+
+        if precision != "trainer" and precision not in VALUES:
+            raise ConfigError(f"precision must be trainer or one of {', '.join(VALUES)}, got {precision!r}")
+        self.precision = precision
         from .tagging.readers import read_tagging
 
         self.dataset = read_tagging(str(data)) if isinstance(data, (str, bytes)) or hasattr(data, "__fspath__") else data
@@ -324,17 +331,24 @@ class PositionBiasCallback(_callback_base()):
         self.trainer = trainer
         return self
 
-    def position_metrics(self, model) -> dict:
-        """F1(α) (POS: accuracy(α)) of a Hugging Face token-classification model, by name."""
+    def position_metrics(self, model, args=None) -> dict:
+        """F1(α) (POS: accuracy(α)) of a Hugging Face token-classification model, by name; `args`:
+        the Trainer's TrainingArguments (their bf16 / fp16 under `precision="trainer"`)."""
+        from .precision import autocast, resolve_precision
         from .tagging.duplicated import position_eval, summary
         from .tagging.model import tagger_view
 
         from .tagging.evaluate import align_labels
 
+        spec = self.precision
+        if spec == "trainer":
+            spec = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"
+        device = next(model.parameters()).device
         view = tagger_view(model, self.labels)
         dataset = align_labels(self.dataset, view.labels, view.scheme, self.label_map)
-        result = position_eval(view, self.tokenizer, dataset, k_max=self.k_max, quantiles=self.quantiles,
-                               modes=("duplicate",), batch_tokens=self.batch_tokens, progress=False)
+        with autocast(device, resolve_precision(spec, device, "precision")):
+            result = position_eval(view, self.tokenizer, dataset, k_max=self.k_max, quantiles=self.quantiles,
+                                   modes=("duplicate",), batch_tokens=self.batch_tokens, progress=False)
         flat = summary(result, alphas=self.alphas)
         key = result["metric"]
         keep = [f"{key}_alpha_{a}" for a in self.alphas if a <= self.k_max]
@@ -343,7 +357,7 @@ class PositionBiasCallback(_callback_base()):
     def on_evaluate(self, args, state, control, model=None, metrics=None, **kwargs):
         if model is None or not state.is_world_process_zero:
             return control
-        new = self.position_metrics(model)
+        new = self.position_metrics(model, args)
         if metrics is not None:
             metrics.update(new)  # the dict trainer.evaluate() returns and best-model selection reads
         self.history.append({**new, "step": state.global_step})

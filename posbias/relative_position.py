@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError
+from .precision import mask_min
 
 RELATIVE_KINDS = ("relative_key", "relative_key_query")
 SUPPORTED_MODELS = "BERT-style encoders with absolute position embeddings (bert, roberta, electra, ernie)"
@@ -252,7 +253,7 @@ class RelativePositionSelfAttention(nn.Module):
 
 
 def additive_mask(mask, dtype: torch.dtype) -> torch.Tensor | None:
-    """The mask a transformers 5 model hands its attention, as 0 / finfo(dtype).min to add to scores.
+    """The mask a transformers 5 model hands its attention, as 0 / `mask_min(dtype)` to add to scores.
 
     What arrives depends on `config._attn_implementation`: None (sdpa, no padding), a boolean
     (b, 1, l, r) mask with True = attend (sdpa), an additive float mask of 0 / min (eager), or
@@ -268,10 +269,10 @@ def additive_mask(mask, dtype: torch.dtype) -> torch.Tensor | None:
         mask = mask[:, None, None, :] != 0
     if mask.dtype == torch.bool:
         zero = torch.zeros((), dtype=dtype, device=mask.device)
-        return torch.where(mask, zero, torch.finfo(dtype).min)
+        return torch.where(mask, zero, mask_min(dtype))  # finite when autocast casts it to bf16
     if not mask.is_floating_point():  # an integer 4-D keep mask
         return additive_mask(mask != 0, dtype)
-    return mask.to(dtype)
+    return mask.to(dtype).clamp_min(mask_min(dtype))  # an fp32-min mask stays finite in bf16
 
 
 def _is_bert_self_attention(module: nn.Module) -> bool:

@@ -65,13 +65,14 @@ from .config import RunConfig, load_config, save_config
 from . import devices
 from .errors import ConfigError, TrainingError
 from .perturb import perturbations_by_mode, training_passes
+from .precision import resolve_precision
 from .tasks import get_task
 from .train_state import load_state, save_state
 from .utils import atomic_write_json, atomic_write_text, interactive, now_iso, recover_dir, replace_dir, set_seed, versions
 
 # Keys that may change when a run is resumed (extending or re-scheduling it); anything else must
 # equal the checkpoint's config, or the resumed run would silently be a different experiment.
-RESUMABLE_CHANGES = {"epochs", "max_steps", "eval_every", "log_every", "save_every", "output_dir",
+RESUMABLE_CHANGES = {"epochs", "max_steps", "eval_every", "log_every", "save_every", "output_dir", "eval_precision",
                      "num_threads", "eval_batch_size", "eval_batch_tokens", "device", "report_to"}
 
 
@@ -136,6 +137,17 @@ class _Schedule:
         return [i for i in idx if i < self.n_batches]
 
 
+def _release_accelerator_state(mixed_precision: str) -> None:
+    """Let a second run in this process use another precision: accelerate keeps one AcceleratorState
+    per process and refuses a new Accelerator with a different `mixed_precision`. The precision part
+    is dropped; the process group (PartialState) is kept."""
+    from accelerate.state import AcceleratorState
+
+    shared = getattr(AcceleratorState, "_shared_state", None)
+    if shared and str(shared.get("_mixed_precision", mixed_precision)) != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
+
+
 def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, progress: bool = True,
           data: dict | None = None) -> dict:
     """Train a model for `cfg.task` as `cfg` says; returns a summary (best step, metrics, throughput).
@@ -184,9 +196,13 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     # Without CUDA, accelerate only joins a torchrun/`accelerate launch` process group when told cpu=True.
     device = devices.resolve_device(t.device)
     log_with = _trackers(t.report_to)
-    acc = Accelerator(mixed_precision=t.mixed_precision, cpu=device.type == "cpu", log_with=log_with,
+    precision = resolve_precision(t.mixed_precision, device, "train.mixed_precision")
+    _release_accelerator_state(precision.accelerate)
+    acc = Accelerator(mixed_precision=precision.accelerate, cpu=device.type == "cpu", log_with=log_with,
                       project_dir=str(out / "tracking") if log_with else None)
     main = acc.is_main_process
+    if main and progress and t.mixed_precision != "no":
+        print(f"posbias: training in {precision.name} ({precision.reason})", file=sys.stderr, flush=True)
     set_seed(t.seed)
     started = time.time()
 
@@ -251,6 +267,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         "steps_per_epoch": sched.steps_per_epoch, "total_steps": total_steps,
         "resumed_from": resume, "resumed_at_step": state["global_step"] if resume else None,
         "hardware": devices.describe(acc.device), "mixed_precision": t.mixed_precision,
+        "precision": precision.to_dict(),
     }
     if main:
         out.mkdir(parents=True, exist_ok=True)

@@ -79,7 +79,8 @@ def test_a_key_at_its_neutral_default_leaves_the_hash_unchanged():
 
     # Keys that never enter the hash (where a run is written, runs, reports) and later keys at their
     # neutral defaults.
-    for key in ("output_dir", "device", "report_to", "early_stopping_patience", "eval_batch_tokens"):
+    for key in ("output_dir", "device", "report_to", "early_stopping_patience", "eval_batch_tokens",
+                "eval_precision"):
         d["train"].pop(key, None)
     d["model"].pop("softmax_over_default")  # `context` for every head but DyReF: the value saved configs read
     d["data"].pop("perturb_default_mode")  # left out of the hash when there are no perturbations

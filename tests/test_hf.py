@@ -181,6 +181,29 @@ def test_f1_alpha_callback_adds_metrics(bert_tok, tmp_path):
     assert direct["eval_f1_alpha_3"] == pytest.approx(metrics["eval_f1_alpha_3"])
 
 
+def test_f1_alpha_callback_follows_the_trainers_bf16(bert_tok, tmp_path):
+    """precision="trainer": TrainingArguments(bf16=True) runs the duplicated-test forwards under bf16
+    autocast (seen as the dtype of a linear layer's output), fp32 otherwise; a bad value is refused."""
+    from types import SimpleNamespace
+
+    conll = tmp_path / "dev.conll"
+    conll.write_text("\n\n".join("\n".join(f"{w} {t}" for w, t in zip(*s)) for s in SENTENCES * 3) + "\n",
+                     encoding="utf-8")
+    model = bert(bert_tok)
+    linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    seen = []
+    linear.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    cb = PositionBiasCallback(conll, bert_tok, k_max=3, alphas=(1, 3), quantiles=None)
+    a = cb.position_metrics(model, SimpleNamespace(bf16=True, fp16=False))
+    assert seen and set(seen) == {torch.bfloat16}
+    seen.clear()
+    b = cb.position_metrics(model, SimpleNamespace(bf16=False, fp16=False))
+    assert seen and set(seen) == {torch.float32}
+    assert set(a) == set(b)
+    with pytest.raises(ConfigError, match="precision must be trainer or one of"):
+        PositionBiasCallback(conll, bert_tok, precision="half")
+
+
 def test_collators_default_to_the_authors_step(bert_tok, tmp_path):
     """RPP and CP add a clean pass by default (issue 29: replace RPP never trains positions 1..l-1);
     Random Padding trains the re-padded batch only, as its paper."""

@@ -13,6 +13,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..encoders import EncoderInputs, encoder_from_config, from_pretrained_quietly, load_encoder, open_tokenizer
 from ..errors import ConfigError
+from ..precision import full_precision, to_float
 from ..registry import HEADS
 from . import heads as _heads  # noqa: F401  (registers the built-in heads)
 
@@ -57,7 +58,11 @@ class QAModel(nn.Module):
         return self._inputs(self.encoder, batch)  # (b, s, d)
 
     def forward(self, batch: dict, targets: dict | None = None) -> dict:
-        return self.head(self.encode(batch), batch, targets)
+        encoded = self.encode(batch)
+        # Under autocast (bf16/fp16) only the encoder runs in low precision: the head's scores,
+        # masks, softmaxes and loss are fp32 (`posbias.precision`).
+        with full_precision(batch["input_ids"]):
+            return self.head(to_float(encoded), batch, targets)
 
     def meta(self) -> dict:
         """What a checkpoint needs, besides the config, to rebuild this model."""

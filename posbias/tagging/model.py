@@ -15,6 +15,7 @@ from torch.nn import functional as F
 from ..encoders import (EncoderInputs, encoder_from_config, from_pretrained_quietly, hf_task_model, load_encoder,
                         position_ids)
 from ..errors import ConfigError
+from ..precision import full_precision, to_float
 from .features import IGNORE
 
 
@@ -50,11 +51,13 @@ class TaggerModel(nn.Module):
 
     def forward(self, batch: dict, targets: dict | None = None) -> dict:
         hidden = self._inputs(self.encoder, batch)  # (b, s, d)
-        logits = self.classifier(self.dropout(hidden))  # (b, s, c)
-        out = {"logits": logits}
-        if targets is not None:
-            out["loss"] = F.cross_entropy(logits.float().flatten(0, 1), targets["labels"].flatten(),
-                                          ignore_index=IGNORE)
+        # Under autocast only the encoder runs in low precision; the classifier, loss and argmax see
+        # fp32 (`posbias.precision`).
+        with full_precision(hidden):
+            logits = self.classifier(self.dropout(to_float(hidden)))  # (b, s, c)
+            out = {"logits": logits}
+            if targets is not None:
+                out["loss"] = F.cross_entropy(logits.flatten(0, 1), targets["labels"].flatten(), ignore_index=IGNORE)
         return out
 
     def meta(self) -> dict:

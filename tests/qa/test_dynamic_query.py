@@ -228,7 +228,7 @@ def test_random_padding_and_rpp_never_exceed_the_position_table(tokenizer, feats
 
 def test_query_attention_mask_values():
     m = query_attention_mask(torch.tensor([[1, 1, 0]]), "causal", torch.float32)[0, 0]
-    neg = torch.finfo(torch.float32).min
+    neg = torch.finfo(torch.bfloat16).min  # precision.mask_min: finite when autocast casts it to bf16
     assert m.shape == (5, 5) and (m[:, 4] == neg).all()  # padding column
     assert m[0, 1] == neg and m[1, 0] == 0 and (m[2:, :2] == neg).all() and (m[2:4, 2:4] == 0).all()
 

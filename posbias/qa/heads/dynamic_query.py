@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from ...errors import ConfigError
+from ...precision import mask_min
 from ...registry import HEADS
 from .pointer import cross_entropy, upcast
 from .span_scores import AdditiveSpans, check_softmax_over, masked_logits, softmax_mask
@@ -64,7 +65,7 @@ def query_attention_mask(attention_mask: torch.Tensor, kind: str, dtype: torch.d
     if kind == "independent":
         allowed[:, 0, 1] = allowed[:, 1, 0] = False
     zero = torch.zeros((), dtype=dtype, device=attention_mask.device)
-    neg = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=attention_mask.device)
+    neg = torch.tensor(mask_min(dtype), dtype=dtype, device=attention_mask.device)  # finite in bf16 too
     return torch.where(allowed, zero, neg)[:, None]
 
 
