@@ -38,11 +38,22 @@ def test_training_records_the_resolved_precision(tmp_path, monkeypatch):
         assert info["mixed_precision"] == "auto"
 
 
-def test_bf16_training_is_finite_and_learns(tmp_path):
-    """A bf16 run's losses are finite and fall over a few steps on the tiny model."""
+def test_bf16_training_is_finite_and_learns(tmp_path, monkeypatch):
+    """A bf16 run's encoder runs under bf16 autocast (accelerate's), and its losses are finite and
+    fall over a few steps on the tiny model."""
+    import posbias.encoders
+
+    autocast_on, real = [], posbias.encoders.EncoderInputs.__call__
+
+    def recording(self, encoder, batch):
+        autocast_on.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return real(self, encoder, batch)
+
+    monkeypatch.setattr(posbias.encoders.EncoderInputs, "__call__", recording)
     cfg = tiny_config(tmp_path, train={"max_steps": 12, "mixed_precision": "bf16", "log_every": 1},
                       data={"eval_file": None})
     posbias.train(build_config(cfg), progress=False)
+    assert autocast_on and set(autocast_on) == {(True, torch.bfloat16)}
     losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses
