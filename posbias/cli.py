@@ -175,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("data", help="data sets: train-short/test-long QA sets, tagging statistics")
     ds = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    q = ds.add_parser("build", help="QA: truncate contexts (D_L or D_L1~L2), optionally split, write SQuAD JSON + stats")
+    q = ds.add_parser("build", help="QA: truncate contexts (D_L or D_L1~L2), optionally split, select by answer "
+                                    "sentence, write SQuAD JSON + stats (with the answer-sentence distribution)")
     q.add_argument("--input", nargs="+", required=True, help="SQuAD/MRQA file(s); several = shards of one set")
     q.add_argument("--out", required=True, help="output folder: <name>.json or val.json/test.json, stats.md")
     q.add_argument("--truncate", type=int, help="D_L: keep the first L words of every context")
@@ -191,10 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "for train, App. B.2); a v1 input still writes a v1.1 file: training labels their "
                         "windows [CLS] (data.unanswerable_windows: cls) and evaluation stays v1")
     q.add_argument("--exclude-ambiguous", action="store_true",
-                   help="drop questions flagged answer_start_ambiguous (the rebuilt SQuAD train set)")
+                   help="drop questions flagged answer_start_ambiguous (the rebuilt SQuAD train set: their "
+                        "answer_start is the answer text's first occurrence, maybe too early); implied by "
+                        "--answer-sentence")
     q.add_argument("--name", default="data", help="file name without --split")
-    q.add_argument("--sample", type=int, default=None,
-                   help="keep a seeded random subset of N instances of each written set")
+    q.add_argument("--sample", type=int, default=None, metavar="N",
+                   help="keep a seeded random subset of N instances of each written set (all when fewer), "
+                        "in file order; drawn after --answer-sentence")
+    q.add_argument("--answer-sentence", metavar="K", default=None,
+                   help="keep the questions whose first gold answer starts in sentence K of its context: "
+                        "1-based, K+ = K or later (e.g. 1, 2+); Ko et al. 2020's SQuAD-train^(k); sentences by "
+                        "sentencex, in the context as written out (after the split and any truncation); "
+                        "unanswerable questions never match. Implies --exclude-ambiguous. Matching random "
+                        "control of the same size: the same command without --answer-sentence, with "
+                        "--exclude-ambiguous and --sample M, M the instances this build wrote (N of --sample N, "
+                        "or fewer when the filter left fewer: stats.md prints the control's --sample)")
     q = ds.add_parser("stats", help="tagging: sentences, length distribution, entities / tags per class")
     q.add_argument("--data", nargs="+", required=True, help="CoNLL / CoNLL-U file(s)")
     q.add_argument("--output-dir", default=None, help="also write stats.md and stats.json here")
@@ -296,7 +308,7 @@ def run(args) -> int:
                               truncate_range=tuple(args.truncate_range) if args.truncate_range else None,
                               split=args.split, by_article=args.by_article, seed=args.seed,
                               keep_unanswerable=args.keep_unanswerable, exclude_ambiguous=args.exclude_ambiguous,
-                              name=args.name, sample=args.sample)
+                              name=args.name, sample=args.sample, answer_sentence=args.answer_sentence)
         print((Path(args.out) / "stats.md").read_text(encoding="utf-8"), end="")
         print(f"wrote {', '.join(f'{k}.json' for k in stats['splits'])} to {args.out}")
     elif args.command == "demo":

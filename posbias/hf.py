@@ -6,8 +6,9 @@ concatenation the posbias training loop uses) and the tagging evaluation; nothin
 Collators wrap the collator a script already has (`DataCollatorForTokenClassification`,
 `default_data_collator`, `DataCollatorWithPadding`, ...) and add what a method needs to its batch:
 
-- `PositionShiftCollator(collator, model, tokenizer, method="rpp" | "random_padding")`: Random
-  Position Perturbation (Ben Amor et al., §4.1) or Random Padding (Tao et al., §3) as a
+- `PositionShiftCollator(collator, model, tokenizer, method="rpp" | "random_padding" |
+  "randomized_positions")`: Random Position Perturbation (Ben Amor et al., §4.1), Random Padding
+  (Tao et al., §3) or randomized positional encodings (Ruoss et al., ACL 2023) as a
   `position_ids` tensor, with the position base and table size read off the model, as posbias's
   `bind` does (RoBERTa counts from padding_idx + 1). The batch's own fields pass through untouched.
 - `ContextPerturbationCollator(collator, model, tokenizer)`: Context Perturbation (Ben Amor et
@@ -42,9 +43,9 @@ import torch
 from .errors import ConfigError
 from .perturb.context_concat import concatenate_contexts
 from .perturb.position_shift import (RELATIVE_POSITION_MODELS, RELATIVE_POSITION_TYPES, sample_random_padding,
-                                     sample_rpp, shift_position_ids)
+                                     sample_randomized_positions, sample_rpp, shift_position_ids)
 
-METHODS = ("rpp", "random_padding")
+METHODS = ("rpp", "random_padding", "randomized_positions")
 MODES = ("replace", "augment")
 IGNORE = -100  # the label id Hugging Face losses skip
 
@@ -136,9 +137,10 @@ class PositionShiftCollator:
         model: the model being trained: its position base, padding position and table size are read,
             and it gets the hook that uses the shifted view in training forwards only.
         tokenizer: its tokenizer (which token is the leading special that keeps its position).
-        method: "rpp" (p_r ~ U{l .. M - l}, the paper's interval) or "random_padding" (k ~ U{0 .. n - m}).
-        max_len: RPP's M (default: the model's usable position table) or Random Padding's n (default:
-            the tokenizer's model_max_length, within the table).
+        method: "rpp" (p_r ~ U{l .. M - l}, the paper's interval), "random_padding" (k ~ U{0 .. n - m})
+            or "randomized_positions" (a sorted uniform random subset of the M ids after [CLS]'s).
+        max_len: RPP's and randomized positions' M (default: the model's usable position table) or
+            Random Padding's n (default: the tokenizer's model_max_length, within the table).
         cap: Random Padding's cap K on the shift (App. D); None for none.
         seed: seed of this collator's generator.
         mode: "replace" (train on the shifted batch) or "augment" (clean + shifted rows, module doc);
@@ -159,7 +161,8 @@ class PositionShiftCollator:
         if max_len is None:
             tok_max = getattr(tokenizer, "model_max_length", None)
             sensible = tok_max if isinstance(tok_max, int) and tok_max < 1_000_000 else None
-            max_len = usable if method == "rpp" or sensible is None else min(sensible, usable or sensible)
+            max_len = (usable if method in ("rpp", "randomized_positions") or sensible is None
+                       else min(sensible, usable or sensible))
         if max_len is None or max_len < 1:
             raise ConfigError(f"max_len must be a positive number of positions (the model has no position table "
                               f"to take it from), got {max_len!r}")
@@ -180,6 +183,11 @@ class PositionShiftCollator:
         lengths = mask.sum(-1)  # (b,) real tokens, specials included
         if self.method == "rpp":
             k = sample_rpp(lengths, cls_index >= 0, self.max_len, self.generator)
+        elif self.method == "randomized_positions":
+            try:
+                k = sample_randomized_positions(lengths, cls_index >= 0, self.max_len, self.generator)  # (b, r)
+            except ValueError as e:
+                raise ConfigError(f"PositionShiftCollator max_len: {e}") from None
         else:
             k = sample_random_padding(lengths, self.max_len, self.cap, self.generator)
         out = dict(batch)

@@ -73,6 +73,27 @@ def test_rpp_collator_shifts_positions_and_keeps_cls(bert_tok):
     assert "position_ids" not in seen[1] and VIEW not in seen[1]
 
 
+def test_randomized_positions_collator_sorted_within_table_cls_kept(bert_tok):
+    model = bert(bert_tok).train()
+    coll = PositionShiftCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok,
+                                 method="randomized_positions", seed=3)
+    assert coll.mode == "replace" and coll.max_len == 64  # the paper trains randomized positions only
+    batch = coll(features(bert_tok))[VIEW]
+    pos, mask = batch["position_ids"], batch["attention_mask"]
+    lengths = mask.sum(-1)
+    plain_shift = 0
+    for r in range(pos.shape[0]):
+        real = pos[r, : lengths[r]]
+        assert int(real[0]) == 0 and int(real.max()) < 64  # [CLS] at its base, ids within the table
+        assert bool((real[1:] > real[:-1]).all())  # strictly increasing
+        assert (pos[r, lengths[r]:] == 0).all()  # padding at the pad position
+        plain_shift += bool((real[2:] - real[1:-1] == 1).all())
+    assert plain_shift < pos.shape[0]  # not one shift per row: per-token ids (4 rows, P(all consecutive) tiny)
+    with pytest.raises(ConfigError, match="max_len"):
+        PositionShiftCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok,
+                              method="randomized_positions", max_len=3)(features(bert_tok))
+
+
 def test_random_padding_collator_and_roberta_numbering():
     tok = AutoTokenizer.from_pretrained(str(RESOURCES / "tiny_bpe_roberta"))
     torch.manual_seed(0)

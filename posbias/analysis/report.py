@@ -97,6 +97,36 @@ def segment_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     return head, body
 
 
+def bias_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The "Position bias" block: per bucketing x method, drop and PSI (mean ± std over seeds)."""
+    def cell(mean, std, n, digits):
+        return _fmt(mean, digits) + (f" ± {_fmt(std, digits)}" if n > 1 else "")
+
+    head = ["data", "eval set", "bucketing", "method", "drop", "PSI", "runs"]
+    body = [[_scope(r), r["eval_set"], r["bucketing"], r["method"], cell(r["drop_mean"], r["drop_std"], r["n_runs"], 2),
+             cell(r["psi_mean"], r["psi_std"], r["n_runs"], 3), str(r["n_runs"])]
+            for r in rows]
+    return head, body
+
+
+def bias_note(rows: list[dict]) -> str:
+    """What the block's numbers are, for the kinds of bucketing it shows (QA buckets, tagging α curves)."""
+    kinds = {r["kind"] for r in rows}
+    drops = [text for kind, text in (("buckets", "best − worst bucket F1"),
+                                     ("alpha", "metric(1) − metric(k_max) of the duplicated test sets' α curve"))
+             if kind in kinds]
+    note = (f"Per run: drop = {' (QA), or '.join(drops)}; PSI = 1 − worst/best (0: no position effect, 1: a "
+            "bucket at 0); then mean ± sample std over seeds.")
+    if "buckets" in kinds:
+        note += (" QA buckets: gold answer position (`gold_position_quartile`) and answer sentence "
+                 "(`answer_sentence`, Ko et al. 2020; from metrics.json where the spec has no such segments), "
+                 "\"no answer\" left out.")
+    return note
+
+
+NO_BIAS = "No position segments in this experiment."
+
+
 def _md_table(head, body) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
@@ -300,12 +330,14 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     from ..experiment import aggregate, aggregate_segments, load_results
     from ..tasks import get_task
     from ..utils import atomic_write_json, atomic_write_text
+    from .bias import experiment_rows
 
     results = load_results(exp_dir, only=only, baseline=baseline)
     exp_dir = Path(output_dir or exp_dir)
     exp_dir.mkdir(parents=True, exist_ok=True)
     rows = aggregate(results, bootstrap_samples=bootstrap_samples)
     seg_rows = aggregate_segments(results, bootstrap_samples=bootstrap_samples)
+    bias_rows = experiment_rows(results)
     # Task-specific analyses (QA: corrections vs boundaries, Random Padding paper §6.2).
     improvements = []
     for name in sorted({json.loads(run["config_json"]).get("task", "qa") for run in results["runs"]}):
@@ -341,16 +373,27 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
              "`val` is each run's `data.eval_file`, the set its best checkpoint was selected on (an "
              "optimistic estimate); other eval sets are scored once, with that checkpoint.", ""]
     head, body = comparison_table(rows)
-    md = intro + ["## Results", "", _md_table(head, body), ""]
-    htm = [f"<h1>Experiment <code>{html.escape(results['name'])}</code></h1>",
-           "<p>" + html.escape(intro[2]).replace("**", "") + "</p><p>" + html.escape(intro[4]) + "</p>",
-           "<h2>Results</h2>", _html_table(head, body)]
+    # The position bias first: one number per bucketing and method, before the detail.
+    md = intro[:2] + ["## Position bias", ""]
+    htm = [f"<h1>Experiment <code>{html.escape(results['name'])}</code></h1>", "<h2>Position bias</h2>"]
+    if bias_rows:
+        bh, bb = bias_table(bias_rows)
+        note = bias_note(bias_rows)
+        md += [_md_table(bh, bb), "", note, ""]
+        htm += [_html_table(bh, bb), f"<p>{html.escape(note.replace('`', ''))}</p>"]
+    else:
+        md += [NO_BIAS, ""]
+        htm.append(f"<p>{NO_BIAS}</p>")
+    md += intro[2:] + ["## Results", "", _md_table(head, body), ""]
+    htm += ["<p>" + html.escape(intro[2]).replace("**", "") + "</p><p>" + html.escape(intro[4]) + "</p>",
+            "<h2>Results</h2>", _html_table(head, body)]
     if seg_rows:
         sh, sb = segment_table(seg_rows)
-        note = ("Segments by gold answer position (`first_x_tokens`, `gold_position_quartile`) or gold answer "
-                "length (`answer_length`: words of the shortest gold answer) hold the same "
-                "questions for every method: their Δ F1 is tested over seeds and by a paired bootstrap over the "
-                "segment's questions. Segments by predicted position differ by method (t-test only).")
+        note = ("Segments by gold answer position (`first_x_tokens`, `gold_position_quartile`), gold answer "
+                "sentence (`answer_sentence`) or gold answer length (`answer_length`: words of the shortest gold "
+                "answer) hold the same questions for every method: their Δ F1 is tested over seeds and by a paired "
+                "bootstrap over the segment's questions. Segments by predicted position differ by method "
+                "(t-test only).")
         md += ["## Segments", "", note, "", _md_table(sh, sb), ""]
         htm += ["<h2>Segments</h2>", f"<p>{html.escape(note)}</p>", _html_table(sh, sb)]
     if improvements:
@@ -371,6 +414,7 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
         htm.append(html_figure(title, p, f"plots/{p.name}"))
     atomic_write_text(exp_dir / "report.md", "\n".join(md) + "\n")
     atomic_write_text(exp_dir / "report.html", html_page(results["name"], htm))
-    atomic_write_json(exp_dir / "report.json", {"rows": rows, "segments": seg_rows, "improvements": improvements})
+    atomic_write_json(exp_dir / "report.json", {"position_bias": bias_rows, "rows": rows, "segments": seg_rows,
+                                                "improvements": improvements})
     return {"report_md": str(exp_dir / "report.md"), "report_html": str(exp_dir / "report.html"),
             "plots": [str(p) for _, p in figures], "rows": len(rows)}

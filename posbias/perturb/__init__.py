@@ -2,8 +2,8 @@
 
 Protocol. A perturbation is any callable `(batch, generator) -> batch` that returns a new batch dict
 (it must not modify its input) — e.g. shifting `position_ids` (Random Padding, Random Position
-Perturbation in `position_shift.py`) or concatenating rows (Context Perturbation in
-`context_concat.py`). Randomness comes only from the `torch.Generator` passed in, so a run is
+Perturbation, Randomized Positions in `position_shift.py`) or concatenating rows (Context
+Perturbation in `context_concat.py`). Randomness comes only from the `torch.Generator` passed in, so a run is
 reproducible. They run on training batches only; evaluation and prediction never see them. Each is
 built from its config entry `{name: ..., mode: ..., **options}` by its registered factory
 `(options, cfg, key) -> callable` (`key` is the dotted config key for error messages). A
@@ -15,11 +15,12 @@ Modes (`mode` in each entry). An entry without one takes `data.perturb_default_m
 silent its authors' code (a perturbation's optional `paper_mode` attribute; `replace` without one):
 `augment` for RPP and Context Perturbation, whose authors always add a clean pass (and without
 which RPP never trains the positions 1 .. l - 1 its test sentences sit at: p_r >= l),
-`replace` for Random Padding (Tao et al. train on the re-padded batch only). `replace` or
+`replace` for Random Padding and Randomized Positions (Tao et al. and Ruoss et al. train on the
+perturbed batch only). `replace` or
 `augment` there applies that mode to every entry without one; configs saved before the key existed
 read as `replace` (`posbias.config.SAVED_BEFORE_KEY`).
 - `replace`: the perturbations with mode replace are applied in config order to the batch, and the
-  step trains on the result. Cost: whatever the perturbed batch costs (Random Padding and RPP
+  step trains on the result. Cost: whatever the perturbed batch costs (the position shifts
   nothing extra; Context Perturbation rows of up to M tokens instead of one sentence each).
 - `augment`: each perturbation with mode augment adds one more forward pass on its own perturbed
   copy of that (replace-perturbed) batch; the step's loss is the sum
@@ -31,8 +32,8 @@ read as `replace` (`posbias.config.SAVED_BEFORE_KEY`).
   the position-update counter count the tokens of every pass.
 
 A replace perturbation that rebuilds rows (Context Perturbation, `rebuilds_rows`) after one that
-sets position ids (RPP, Random Padding, `sets_positions`) would drop those ids: the combination is
-refused by name (put the rebuilding one first, or make one of them augment).
+sets position ids (RPP, Random Padding, Randomized Positions, `sets_positions`) would drop those
+ids: the combination is refused by name (put the rebuilding one first, or make one of them augment).
 
 `position_coverage` counts the position ids training reaches under given perturbations.
 """
@@ -139,7 +140,7 @@ def position_coverage(lengths, replace: list, augment: list, *, n_positions: int
     replace mode positions base + 1 .. base + l - 1 of a row of l tokens get nothing (p_r >= l);
     with the authors' clean pass (augment) every row also trains them.
 
-    For perturbations that read only `attention_mask` and `cls_index` (RPP, Random Padding); `chunk`
+    For perturbations that read only `attention_mask` and `cls_index` (the position shifts); `chunk`
     rows are perturbed at a time. A position id at or past `n_positions` is an error.
 
     Args:

@@ -1,9 +1,10 @@
-"""Position shifting, one mechanism with two samplers, as training-time perturbations.
+"""Position shifting, one mechanism with three samplers, as training-time perturbations.
 
 Mechanism (`shift_position_ids`): every real token but the leading special ([CLS], <s>) gets the
-position id `original + k` for a per-row shift k; [CLS] keeps its base position, padding gets the
-encoder's pad position. Positions are counted over the attention mask, so left or right padding and
-any pad id give the same numbering.
+position id `original + k` for a per-row shift k (Random Padding, RPP), or `original + k_j` for a
+per-token shift k_j of the row's j-th moved token (Randomized Positions); [CLS] keeps its base
+position, padding gets the encoder's pad position. Positions are counted over the attention mask, so
+left or right padding and any pad id give the same numbering.
 
 Sampler 1, Random Padding (Tao et al., "A Frustratingly Easy Improvement for Position Embeddings via
 Random Padding", §3 and App. D), registered `random_padding`. It moves k of the n - m padding tokens
@@ -31,6 +32,18 @@ Since p_r >= l, the positions 1 .. l - 1 where a test sentence of l tokens sits 
 RPP itself: an entry without a `mode` trains a clean and a perturbed pass (`augment`), as the
 authors' code always did (`posbias.perturb`; `position_coverage` counts what each mode reaches).
 
+Sampler 3, Randomized Positional Encodings (Ruoss et al., "Randomized Positional Encodings Boost
+Length Generalization of Transformers", ACL 2023, §3, Fig. 1), registered `randomized_positions`.
+A training row of n tokens gets a sorted random subset of size n of the positions {0 .. M - 1},
+drawn uniformly without replacement, instead of 0 .. n - 1. posbias keeps [CLS] at its base like
+the other samplers, so after [CLS] the l - 1 other real tokens get
+    sorted random (l - 1)-subset of {base + 1 .. base + M - 1}     (uniform over all such subsets)
+and a row without a leading special draws all l ids from {base .. base + M - 1}. Ids are strictly
+increasing, the j-th moved token's shift k_j = v_j - j is non-negative and non-decreasing in j. M is
+`max_len` (default the usable table, as for RPP); a row needs l <= M. Trained alone (`replace`), as
+the paper does. Evaluation uses the ordinary positions 0 .. n - 1, as for every posbias perturbation
+(the authors' code draws in the model's forward, evaluation included: models/transformer.py).
+
 Shape legend: b batch, s sequence.
 """
 from __future__ import annotations
@@ -50,13 +63,15 @@ RELATIVE_POSITION_MODELS = {"roformer", "deberta", "deberta-v2", "xlnet", "t5", 
 def shift_position_ids(attention_mask: torch.Tensor, cls_index: torch.Tensor, shift: torch.Tensor, *,
                        base: int = 0, pad_position: int = 0) -> torch.Tensor:
     """(b, s) position ids: real tokens numbered from `base`, every real token but [CLS] moved by
-    shift[b]; padding gets `pad_position`.
+    its shift; padding gets `pad_position`.
 
     Args:
         attention_mask: (b, s) 1 for real tokens.
         cls_index: (b,) position of [CLS] in each row (it keeps its unshifted id); -1 when the row
             has none (decoder tokenizers), and then every real token moves.
-        shift: (b,) non-negative integers k.
+        shift: (b,) non-negative integers k, one per row; or (b, r) per token: the j-th moved real
+            token of row b (in order, [CLS] not counted) moves by shift[b, j], r >= the most moved
+            tokens of a row.
         base: first position id (0 for BERT/ELECTRA, padding_idx + 1 for RoBERTa).
     """
     mask = attention_mask.long()
@@ -65,7 +80,12 @@ def shift_position_ids(attention_mask: torch.Tensor, cls_index: torch.Tensor, sh
     has_cls = cls_index >= 0  # -1: no leading special token (GPT-2, BLOOM): every token moves
     rows = torch.arange(mask.shape[0], device=mask.device)
     moved[rows[has_cls], cls_index[has_cls]] = False
-    pos = pos + moved.long() * shift[:, None]
+    if shift.dim() == 2:  # per token: slot -> rank among the row's moved tokens -> its shift
+        rank = (moved.long().cumsum(-1) - 1).clamp(0, max(shift.shape[1] - 1, 0))  # (b, s)
+        shift = shift.gather(1, rank) if shift.shape[1] else torch.zeros_like(rank)  # (b, s)
+    else:
+        shift = shift[:, None]  # (b, 1)
+    pos = pos + moved.long() * shift
     return pos.masked_fill(mask == 0, pad_position)
 
 
@@ -108,11 +128,47 @@ def sample_rpp(lengths: torch.Tensor, has_cls: torch.Tensor, max_len: int,
     return sample_rpp_start(lengths, has_cls, max_len, generator) - has_cls.long()
 
 
-class PositionShift:
-    """A training-time perturbation: draws a shift per row with `sampler`, sets batch["position_ids"]
-    (and batch["position_shift"], the (b,) shifts).
+def sample_randomized_positions(lengths: torch.Tensor, has_cls: torch.Tensor, max_len: int,
+                                generator: torch.Generator) -> torch.Tensor:
+    """(b, r) per-token shifts (Ruoss et al. §3): row b's r_b = l_b - f moved tokens get a sorted
+    uniform random r_b-subset {v_0 < v_1 < ...} of {0 .. M - 1 - f}, i.e. the ids base + f + v_j, so
+    the j-th moved token (at base + f + j unshifted) moves by v_j - j. f = 1 after a [CLS] (it keeps
+    base), 0 without one. Columns j >= r_b are 0 (no token there).
 
-    `sampler(lengths, has_cls, max_len, generator) -> (b,) shifts`. `max_len` None means the
+    A uniform random subset: the first r_b of a random permutation of the pool (argsort of float64
+    uniform keys: ties have probability ~ M^2 / 2^53), sorted. One draw per row, unlike the
+    authors' code (models/positional_encodings.py, noisy_fixed_positional_encodings), which draws
+    once per forward for the whole batch; the paper assigns one to "each training example" (Fig. 1).
+
+    Raises ValueError for a row longer than M (it has fewer than l distinct ids to draw from).
+
+    Args:
+        lengths: (b,) l, real tokens per row, specials included.
+        has_cls: (b,) bool, the row starts with a special token that keeps its position.
+        max_len: M, position ids available from the first one (table length - base).
+    """
+    f = has_cls.long()
+    n_moved = lengths - f  # (b,) r
+    pool = max_len - f  # (b,) how many ids the moved tokens may take: f .. M - 1
+    if len(lengths) and bool((n_moved > pool).any()):
+        raise ValueError(f"a row of {int(lengths[n_moved > pool].max())} tokens has fewer than that many "
+                         f"position ids in max_len = {max_len}")
+    width = max(int(n_moved.max()), 1) if len(lengths) else 1
+    keys = torch.rand((len(lengths), max_len), generator=generator, dtype=torch.float64)  # (b, M)
+    keys = keys.masked_fill(torch.arange(max_len) >= pool[:, None], 2.0)  # outside the pool: never among the first
+    order = torch.arange(width)  # (w,) j
+    chosen = keys.argsort(-1)[:, :width]  # (b, w): distinct v, uniformly random, the first r_b of them used
+    used = order < n_moved[:, None]  # (b, w)
+    v = torch.where(used, chosen, max_len).sort(-1).values  # (b, w) the subset ascending, unused columns last
+    return torch.where(used, v - order, 0)  # (b, w) k_j = v_j - j >= 0
+
+
+class PositionShift:
+    """A training-time perturbation: draws shifts with `sampler`, sets batch["position_ids"] (and
+    batch["position_shift"], the sampler's shifts).
+
+    `sampler(lengths, has_cls, max_len, generator) -> (b,) shifts`, one per row, or (b, r) shifts,
+    one per moved token (`shift_position_ids`). `max_len` None means the
     encoder's usable position table (max_position_embeddings - first position id), learnt in
     `bind`; `fallback_len` stands in before `bind` and for encoders without a table. `paper_mode`:
     the training mode its paper (or its authors' code) used, for entries that name none
@@ -158,7 +214,7 @@ class PositionShift:
 
     def __call__(self, batch: dict, generator: torch.Generator) -> dict:
         lengths = batch["attention_mask"].sum(-1)  # (b,) m: real tokens, specials included
-        shift = self.sampler(lengths, batch["cls_index"] >= 0, self.max_len, generator)  # (b,)
+        shift = self.sampler(lengths, batch["cls_index"] >= 0, self.max_len, generator)  # (b,) or (b, r)
         out = dict(batch)  # a new batch: the input is not modified
         out["position_ids"] = shift_position_ids(batch["attention_mask"], batch["cls_index"], shift,
                                                  base=self.base, pad_position=self.pad_position)
@@ -208,3 +264,36 @@ def random_position_perturbation(options: dict, cfg, key: str = "perturb[0]") ->
         raise ConfigError(f"{key}.max_len must be a positive integer, got 0")
     return PositionShift(sample_rpp, options.get("max_len"), key, fallback_len=cfg.data.max_seq_len,
                          paper_mode="augment")
+
+
+@PERTURBATIONS.register("randomized_positions")
+def randomized_positions(options: dict, cfg, key: str = "perturb[0]") -> PositionShift:
+    """Randomized Positional Encodings (Ruoss et al., ACL 2023, §3): each training row's ids are a
+    sorted uniform random subset of the position range, [CLS] kept at its base (module doc).
+
+    Options: `max_len` M, the range of ids from the first one (default: the encoder's usable
+    position table, max_position_embeddings minus the first position id, as for RPP;
+    data.max_seq_len for encoders without a table). It must hold a whole window: M >= data.max_seq_len
+    (checked here), M within the table (checked in `bind`), and any longer row (e.g. Context
+    Perturbation's concatenations) is refused when it comes.
+
+    `paper_mode` replace: the paper trains with randomized positions only. With l much smaller than
+    M the ordinary positions 1 .. l - 1, where evaluation puts a row, are each drawn with probability
+    (l - 1) / (M - 1) per row: `mode: augment` adds the clean pass."""
+    _check_options(options, {"max_len"}, "randomized_positions", key)
+    max_len = options.get("max_len")
+    if max_len == 0:
+        raise ConfigError(f"{key}.max_len must be a positive integer, got 0")
+    n = cfg.data.max_seq_len
+    if max_len is not None and n is not None and max_len < n:
+        raise ConfigError(f"{key}.max_len ({max_len}) must be >= data.max_seq_len ({n}): a window of n tokens "
+                          "needs n distinct position ids")
+
+    def sampler(lengths, has_cls, m, generator):
+        try:
+            return sample_randomized_positions(lengths, has_cls, m, generator)
+        except ValueError as e:  # a row longer than M (e.g. rebuilt by an earlier perturbation)
+            raise ConfigError(f"{key}.max_len: {e}; raise {key}.max_len (at most the usable position table) "
+                              "or shorten the rows") from None
+
+    return PositionShift(sampler, max_len, key, fallback_len=n, paper_mode="replace")

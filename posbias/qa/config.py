@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import ModelConfig, RunConfig, TrainConfig, choice
+from ..config import ModelConfig, RunConfig, TrainConfig, _from_dict, choice
 from ..errors import ConfigError
 
 
@@ -87,16 +87,57 @@ class DecodeConfig:
 
 
 @dataclass
+class DebiasConfig:
+    """`train.debias`: a de-biasing training objective for the span heads with start and end
+    distributions (Ko et al., "Look at the First Sentence", §5; `posbias.qa.debias`). Training only:
+    evaluation and prediction use the main model alone."""
+
+    method: str | None = None
+    """`bias_product`, `learned_mixin`, `learned_mixin_h` (Clark et al., 2019, with the answer-position
+    prior of the training windows as the bias model) or `entropy` (Ko et al.'s entropy regularisation,
+    of the cosine similarity between each token's word embedding and its last hidden state)."""
+    entropy_weight: float | None = None
+    """`entropy`: λ in L - λ·H (default 8, the authors' code); `learned_mixin_h`: Clark et al.'s w in
+    L + w·H(softmax(g(x) log b)) (required). Other methods take none."""
+    smoothing: float = 1.0
+    """α of the prior's add-α smoothing: p = (count + α) / (windows + α (data.max_seq_len + 1)), so
+    no position has probability 0."""
+    gate: str | None = None
+    """learned-mixin's g(x) = softplus(w·h + c): `cls` (default; h the [CLS] state) or `max` (the
+    maximum of w·h_t over the real tokens, as the authors' code)."""
+
+
+@dataclass
+class QATrainConfig(TrainConfig):
+    """The train section of a QA run: the shared keys and `debias`."""
+
+    debias: DebiasConfig | None = None
+    """De-biasing objective (see DebiasConfig), e.g. {method: learned_mixin}; absent or null: off."""
+
+    def __post_init__(self):
+        if self.debias is not None and not isinstance(self.debias, DebiasConfig):
+            self.debias = _from_dict(DebiasConfig, self.debias, "train.debias.")
+
+
+@dataclass
 class QAConfig(RunConfig):
     """An extractive QA run: `posbias train qa`."""
 
     task: str = "qa"
     model: QAModelConfig = field(default_factory=QAModelConfig)
     data: QADataConfig = field(default_factory=QADataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: QATrainConfig = field(default_factory=QATrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     perturb: list = field(default_factory=list)
     """Training-time input perturbations, each `{name: ..., options...}`."""
+
+    def to_dict(self) -> dict:
+        """The config as a dict; `train.debias` only when set, so that configs without it (every
+        run recorded before it existed) keep their saved form and their hash."""
+        d = super().to_dict()
+        if d["train"].get("debias") is None:
+            d["train"].pop("debias", None)
+        return d
 
     def validate(self) -> None:
         """QA checks; each error names the dotted key(s) to change."""
@@ -111,6 +152,10 @@ class QAConfig(RunConfig):
 
         # The head's options are checked now (on a throwaway 8-wide head), not after the encoder loads.
         make_head(self.model.head, 8, d.version.startswith("2"), self.model.head_options)
+        if self.train.debias is not None:
+            from .debias import check_config
+
+            check_config(self.train.debias, self.model.head)
         LABEL_POLICIES.get(d.label_policy, "data.label_policy")
         choice(d.version, ["auto", "1", "2", "1.1", "2.0"], "data.version")
         choice(d.train_subset, ["first", "random"], "data.train_subset")

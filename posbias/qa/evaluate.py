@@ -111,10 +111,12 @@ def _unwrap(model):
 
 
 def score_predictions(examples: list[QAExample], predictions: dict, null_odds: dict, version: int) -> dict:
-    """The official SQuAD v1.1 / v2.0 result plus `by_answer_length`: bucket -> {"total", EM, "f1"}
-    (MaP Fig. 6), from the same per-question scores the overall numbers average."""
+    """The official SQuAD v1.1 / v2.0 result plus `by_answer_length` (MaP Fig. 6) and
+    `by_answer_sentence` (Ko et al. 2020: 1, 2, 3, 4, 5+, "no answer"): bucket -> {"total", EM, "f1"},
+    from the same per-question scores the overall numbers average."""
     from . import metrics
     from .answer_length import answer_length_labels, breakdown
+    from .answer_sentence import answer_sentence_labels
 
     gold = {e.id: e.gold_texts() for e in examples}
     if version == 2:
@@ -125,6 +127,7 @@ def score_predictions(examples: list[QAExample], predictions: dict, null_odds: d
         scores = metrics.per_question(gold, predictions, "1.1")
     em_key = "exact" if version == 2 else "exact_match"
     result["by_answer_length"] = breakdown(answer_length_labels(examples), scores, em_key)
+    result["by_answer_sentence"] = breakdown(answer_sentence_labels(examples), scores, em_key)
     return result
 
 
@@ -148,7 +151,7 @@ def predict_examples(model, tokenizer, cfg: RunConfig, examples: list[QAExample]
 def evaluate_dataset(model, tokenizer, cfg: RunConfig, dataset: QADataset, out_dir=None, *,
                      accelerator=None, progress: bool = True) -> dict:
     """Predict, score and (main process) write predictions.json, nbest.json, null_odds.json, metrics.json
-    (the official SQuAD keys, `windows`, `skipped_records` and `by_answer_length`)."""
+    (the official SQuAD keys, `windows`, `skipped_records`, `by_answer_length`, `by_answer_sentence`)."""
     if not _unwrap(model).null_answer and dataset.has_impossible:
         # A v1 model (no null answer) cannot be scored by v1 rules on a question without a gold answer.
         qid = next(e.id for e in dataset.examples if e.is_impossible)

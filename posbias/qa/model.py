@@ -19,14 +19,19 @@ from . import heads as _heads  # noqa: F401  (registers the built-in heads)
 
 
 class QAModel(nn.Module):
-    """encoder + head; `forward(batch, targets=None)` returns scores, and the loss given targets."""
+    """encoder + head; `forward(batch, targets=None)` returns scores, and the loss given targets.
 
-    def __init__(self, encoder: nn.Module, head: nn.Module, head_name: str, null_answer: bool):
+    `debias` (`posbias.qa.debias.Debias`, from `train.debias`) replaces the head's loss in training;
+    the scores, and so every prediction, are the head's alone."""
+
+    def __init__(self, encoder: nn.Module, head: nn.Module, head_name: str, null_answer: bool,
+                 debias: nn.Module | None = None):
         super().__init__()
         self.encoder = encoder
         self.head = head
         self.head_name = head_name
         self.null_answer = null_answer
+        self.debias = debias
         self._inputs = EncoderInputs(encoder)
         self.position_base, self.position_pad = self._inputs.base, self._inputs.pad
         # Positions a head puts before the tokens (DyReF's queries): the tokens' ids move by this much.
@@ -62,18 +67,53 @@ class QAModel(nn.Module):
         # Under autocast (bf16/fp16) only the encoder runs in low precision: the head's scores,
         # masks, softmaxes and loss are fp32 (`posbias.precision`).
         with full_precision(batch["input_ids"]):
-            return self.head(to_float(encoded), batch, targets)
+            encoded = to_float(encoded)
+            out = self.head(encoded, batch, targets)
+            if targets is not None and self.debias is not None:
+                out["loss"] = self._debiased_loss(out, encoded, batch, targets)
+            return out
+
+    def _debiased_loss(self, out: dict, encoded, batch: dict, targets: dict) -> torch.Tensor:
+        """`train.debias`'s loss; `out`'s scores are left as the head made them (decoding reads them)."""
+        from .debias import head_mask
+
+        tokens = encoded["tokens"] if isinstance(encoded, dict) else encoded  # (b, s, d); DyReF: a dict
+        words = None
+        if self.debias.needs_word_embeddings:
+            words = to_float(self.encoder.get_input_embeddings()(batch["input_ids"]))  # (b, s, d)
+        return self.debias.loss(out, tokens, batch, targets, head_mask(self.head, batch), words)
 
     def meta(self) -> dict:
-        """What a checkpoint needs, besides the config, to rebuild this model."""
-        return {"head": self.head_name, "null_answer": self.null_answer}
+        """What a checkpoint needs, besides the config, to rebuild this model; with `train.debias`,
+        also its method and answer prior (a record of the run: predictions never read it)."""
+        meta = {"head": self.head_name, "null_answer": self.null_answer}
+        if self.debias is not None:
+            prior = self.debias.prior
+            meta["debias"] = {"method": self.debias.method, "prior": prior.to_dict() if prior is not None else None}
+        return meta
 
 
-def build_model(mcfg: ModelConfig, tokenizer, null_answer: bool) -> QAModel:
-    """A fresh model for training: pretrained encoder weights (or random from `model.encoder`)."""
+def build_model(mcfg: ModelConfig, tokenizer, null_answer: bool, *, debias=None, prior=None) -> QAModel:
+    """A fresh model for training: pretrained encoder weights (or random from `model.encoder`).
+
+    `debias`: the run's `train.debias` (None: off); `prior`: its `AnswerPrior`, from the training
+    features (`QATask.train_features`)."""
     encoder = load_encoder(mcfg, tokenizer)
     name = mcfg.head or "independent"
-    return QAModel(encoder, head_for(encoder, name, null_answer, mcfg), name, null_answer)
+    head = head_for(encoder, name, null_answer, mcfg)
+    return QAModel(encoder, head, name, null_answer, debias=debias_for(encoder, name, debias, prior))
+
+
+def debias_for(encoder, head_name: str, debias, prior=None):
+    """The `Debias` module of `train.debias` (None when off), holding `prior` when given."""
+    if debias is None:
+        return None
+    from .debias import make_debias
+
+    module = make_debias(debias, head_name, encoder)
+    if prior is not None:
+        module.set_prior(prior)
+    return module
 
 
 def head_for(encoder, name: str, null_answer: bool, mcfg: ModelConfig):
@@ -118,13 +158,27 @@ def head_softmax_default(name: str | None) -> str | None:
 
 
 def model_from_checkpoint(path: str, cfg, meta: dict):
-    """(model with random weights, tokenizer) shaped as the posbias checkpoint in `path`."""
+    """(model with random weights, tokenizer) shaped as the posbias checkpoint in `path`.
+
+    A checkpoint trained with `train.debias` gets its gate back (its weights are in the checkpoint)
+    and the saved answer prior, so that the model is the one that trained; neither is read by
+    predictions."""
     from transformers import AutoConfig
 
     tokenizer = open_tokenizer(path)
     encoder = encoder_from_config(AutoConfig.from_pretrained(path, local_files_only=True))
+    debias, prior = getattr(cfg.train, "debias", None), None
+    saved = (meta.get("debias") or {}).get("prior")
+    if debias is not None and saved is not None:
+        from pathlib import Path
+
+        from ..checkpoint import MODEL_META
+        from .debias import AnswerPrior
+
+        prior = AnswerPrior.from_dict(saved, f"{Path(path) / MODEL_META}: debias.prior")
     return QAModel(encoder, head_for(encoder, meta["head"], meta["null_answer"], cfg.model),
-                   meta["head"], meta["null_answer"]), tokenizer
+                   meta["head"], meta["null_answer"],
+                   debias=debias_for(encoder, meta["head"], debias, prior)), tokenizer
 
 
 def load_hf_qa(path: str, config):

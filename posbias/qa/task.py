@@ -4,6 +4,9 @@ See the task protocol in `posbias.training`.
 """
 from __future__ import annotations
 
+import weakref
+
+from ..errors import TrainingError
 from ..registry import LABEL_POLICIES
 from .config import QAConfig, data_version
 
@@ -13,6 +16,11 @@ class QATask:
     config_class = QAConfig
     hf_suffix = "ForQuestionAnswering"
     unit = "question"
+
+    def __init__(self):
+        # `train.debias`: (the training data set, the answer prior of its features), from
+        # train_features to build_model and run_info, which the loop calls with the same data set.
+        self._prior: tuple[weakref.ref, object] | None = None
 
     def load_tokenizer(self, cfg):
         from ..encoders import load_tokenizer
@@ -27,23 +35,50 @@ class QATask:
     def run_info(self, cfg, train_ds) -> dict:
         # `null_answers`, not `has_impossible`: a v1 file whose truncation left questions without an
         # answer (`data build --keep-unanswerable`) trains and evaluates as v1.
-        return {"data_version": data_version(cfg, train_ds.null_answers)}
+        info = {"data_version": data_version(cfg, train_ds.null_answers)}
+        debias = cfg.train.debias
+        if debias is not None:
+            # The full prior is in each checkpoint's posbias_model.json.
+            prior = self._answer_prior(train_ds, debias)
+            info["debias"] = {"method": debias.method, "prior": prior.summary() if prior is not None else None}
+        return info
 
     def train_features(self, examples, tokenizer, cfg, train_ds):
         from .features import build_qa_features
 
         d = cfg.data
-        return build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
-                                 max_query_len=d.max_query_len, context_first=d.context_first, train=True,
-                                 version=data_version(cfg, train_ds.null_answers),
-                                 label_policy=LABEL_POLICIES.get(d.label_policy, "data.label_policy"),
-                                 unanswerable_windows=d.unanswerable_windows, seed=cfg.train.seed,
-                                 source=train_ds.path)
+        feats = build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
+                                  max_query_len=d.max_query_len, context_first=d.context_first, train=True,
+                                  version=data_version(cfg, train_ds.null_answers),
+                                  label_policy=LABEL_POLICIES.get(d.label_policy, "data.label_policy"),
+                                  unanswerable_windows=d.unanswerable_windows, seed=cfg.train.seed,
+                                  source=train_ds.path)
+        debias = cfg.train.debias
+        if debias is not None:
+            from .debias import PRIOR_METHODS, answer_prior
+
+            # Ko et al.'s bias model: the answer positions of the training windows (`posbias.qa.debias`).
+            if debias.method in PRIOR_METHODS:
+                self._prior = (weakref.ref(train_ds), answer_prior(feats, d.max_seq_len, debias.smoothing))
+        return feats
+
+    def _answer_prior(self, train_ds, debias):
+        """The answer prior `train_features` computed for `train_ds` (None for a method without one)."""
+        from .debias import PRIOR_METHODS
+
+        if debias.method not in PRIOR_METHODS:
+            return None
+        if self._prior is None or self._prior[0]() is not train_ds:
+            raise TrainingError("train.debias: the answer prior comes from the training features; build them "
+                                "with train_features(..., train_ds) before build_model(cfg, tokenizer, train_ds)")
+        return self._prior[1]
 
     def build_model(self, cfg, tokenizer, train_ds):
         from .model import build_model
 
-        return build_model(cfg.model, tokenizer, null_answer=data_version(cfg, train_ds.null_answers) == 2)
+        debias = cfg.train.debias
+        return build_model(cfg.model, tokenizer, null_answer=data_version(cfg, train_ds.null_answers) == 2,
+                           debias=debias, prior=self._answer_prior(train_ds, debias) if debias is not None else None)
 
     def collate(self, features, idx, tokenizer, *, with_labels: bool = False) -> dict:
         from .collate import collate

@@ -12,6 +12,10 @@ removed; an instance left without any gold answer becomes unanswerable: the pape
 validation/test and keeps them in training (`keep_unanswerable`). Kept, they do not make a v1 file
 v2: it still says version "1.1", so a model trained on it labels their windows [CLS] (BERT's
 pre-processing, `data.unanswerable_windows: cls`) and is evaluated as v1.
+
+Answer-sentence sets (Ko et al., EMNLP 2020, "Look at the First Sentence": SQuAD-train^(k)): keep the
+questions whose first gold answer starts in sentence k (or k and later) of the context as written out,
+sentences by `posbias.qa.sentences`; every build reports that sentence's distribution (1, 2, 3, 4, 5+).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .examples import QAExample
+from .sentences import DEFAULT_LAST, NO_ANSWER, answer_sentence, sentence_label
 
 WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
@@ -92,6 +97,38 @@ def sample_examples(examples: list[QAExample], n: int, seed: int) -> list[QAExam
     return [e for i, e in enumerate(examples) if i in keep]
 
 
+ANSWER_SENTENCE = re.compile(r"([0-9]+)(\+?)")
+
+
+def parse_answer_sentence(spec) -> tuple[int, bool]:
+    """`--answer-sentence` "K" or "K+" (an int K too) -> (K, whether later sentences count as well)."""
+    from ..errors import ConfigError
+
+    m = None if isinstance(spec, bool) else ANSWER_SENTENCE.fullmatch(str(spec))
+    if m is None or int(m.group(1)) < 1:
+        raise ConfigError(f"--answer-sentence must be K or K+ with K a positive integer (e.g. 1, 3, 2+), got {spec!r}")
+    return int(m.group(1)), m.group(2) == "+"
+
+
+def select_answer_sentence(examples: list[QAExample], k: int, and_later: bool = False) -> list[QAExample]:
+    """The questions whose first gold answer starts in sentence `k` (or later, `and_later`) of their
+    context as given; questions without an answer never match."""
+    def keep(e: QAExample) -> bool:
+        i = answer_sentence(e)
+        return i is not None and (i >= k if and_later else i == k)
+
+    return [e for e in examples if keep(e)]
+
+
+def answer_sentence_distribution(examples: list[QAExample], last: int = DEFAULT_LAST) -> dict:
+    """Bucket ("1" .. "last-1", "last+", NO_ANSWER) -> count and share of `examples`, every bucket listed."""
+    counts = dict.fromkeys([sentence_label(i, last) for i in range(1, last + 1)] + [NO_ANSWER], 0)
+    for e in examples:
+        counts[sentence_label(answer_sentence(e), last)] += 1
+    n = len(examples)
+    return {b: {"count": c, "share": c / n if n else 0.0} for b, c in counts.items()}
+
+
 def to_squad_json(examples: list[QAExample], version: str = "1.1") -> dict:
     """SQuAD JSON, one paragraph per question (truncated contexts differ per question)."""
     articles: dict[str, list] = {}
@@ -118,7 +155,8 @@ def statistics(examples: list[QAExample]) -> dict:
 
 def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_range: tuple[int, int] | None = None,
                   split: bool = False, by_article: bool = False, seed: int = 13, keep_unanswerable: bool = False,
-                  exclude_ambiguous: bool = False, name: str = "data", sample: int | None = None) -> dict:
+                  exclude_ambiguous: bool = False, name: str = "data", sample: int | None = None,
+                  answer_sentence: str | int | None = None) -> dict:
     """Read SQuAD/MRQA file(s), optionally split into val/test halves, truncate each part (dropping
     the instances truncation leaves unanswerable unless `keep_unanswerable`), write SQuAD JSON plus a
     statistics table (stats.md, stats.json). `sample` keeps a seeded random subset of that many
@@ -128,7 +166,15 @@ def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_rang
     truncated), so they depend on the file, `seed` and `by_article` only; a D_{L1~L2} instance's
     length k is drawn in file order, the same with or without `split`. A written part says version
     "2.0" only when the input is SQuAD v2 data (`QADataset.null_answers`) and the part keeps
-    unanswerable instances; a v1 input stays "1.1" with its kept answer-less instances."""
+    unanswerable instances; a v1 input stays "1.1" with its kept answer-less instances.
+
+    `answer_sentence` ("K", or "K+" for K and later; 1-based) keeps the questions whose first gold
+    answer starts in sentence K of the context as written out: after the split and after truncation
+    (and its dropping of the unanswerable), before `sample`; questions without an answer never match.
+    It implies `exclude_ambiguous`: a rebuilt SQuAD train answer_start flagged ambiguous is the text's
+    first occurrence and may lie in an earlier sentence than the annotated one. Its matching random
+    control is the same build without `answer_sentence`, with `exclude_ambiguous` and `sample` set to
+    the number of instances this one wrote (stats.md names it)."""
     from ..checkpoint import staged_output
     from ..errors import ConfigError
     from .readers import read_dataset
@@ -137,6 +183,11 @@ def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_rang
         raise ConfigError("choose --truncate L or --truncate-range L1 L2, not both")
     if sample is not None and sample <= 0:
         raise ConfigError(f"--sample must be positive, got {sample}")
+    implied = False
+    if answer_sentence is not None:
+        k, and_later = parse_answer_sentence(answer_sentence)
+        answer_sentence = f"{k}+" if and_later else str(k)
+        implied, exclude_ambiguous = not exclude_ambiguous, True
     ds = read_dataset(list(inputs) if len(inputs) > 1 else inputs[0])
     examples = ds.examples
     n_read = len(examples)
@@ -156,26 +207,40 @@ def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_rang
         parts = {part: [cut[q] for q in ids] for part, ids in halves.items()}
         if not keep_unanswerable:
             parts = {part: [e for e in exs if not e.is_impossible] for part, exs in parts.items()}
+    selection = {"answer_sentence": answer_sentence, "exclude_ambiguous": exclude_ambiguous,
+                 "exclude_ambiguous_implied": implied, "answer_sentence_kept": None}
+    if answer_sentence is not None:
+        # Filtering the text as written (not refusing --truncate/--split): the halves stay drawn before
+        # any filter, so one --seed gives every set the same halves; a cut keeps the sentences before
+        # it, so a truncated set's answer sentences are the original ones but for the rare boundary
+        # the cut itself changes; and the filter agrees with the distribution stats.md reports.
+        of = {part: len(exs) for part, exs in parts.items()}
+        parts = {part: select_answer_sentence(exs, k, and_later) for part, exs in parts.items()}
+        selection["answer_sentence_kept"] = {part: {"kept": len(parts[part]), "of": of[part]} for part in parts}
     available = {part: len(exs) for part, exs in parts.items()}
     if sample is not None:
         parts = {part: sample_examples(exs, sample, seed) for part, exs in parts.items()}
     with staged_output(out_dir, {"stats.md", "stats.json", *(f"{part}.json" for part in parts)}) as out:
         return _write_build(out, parts, inputs, label, seed, n_read, before, available, sample,
-                            {part: len(ids) for part, ids in halves.items()}, ds.null_answers)
+                            {part: len(ids) for part, ids in halves.items()}, ds.null_answers, selection)
 
 
 def _write_build(out: Path, parts: dict, inputs, label, seed, n_read, before, available, sample,
-                 before_filtering: dict, v2_input: bool) -> dict:
+                 before_filtering: dict, v2_input: bool, selection: dict) -> dict:
     """The split files, stats.md and stats.json of `build_dataset`, into the staged folder `out`."""
+    from importlib.metadata import version as package_version
+
     from ..utils import atomic_write_json, atomic_write_text
 
     stats = {"inputs": [str(p) for p in inputs], "label": label, "seed": seed, "read": n_read,
              "excluded_ambiguous": n_read - before["instances"], "before_truncation": before,
-             "before_filtering": before_filtering, "available": available, "sample": sample, "splits": {}}
+             "before_filtering": before_filtering, "available": available, "sample": sample, **selection,
+             "sentence_splitter": f"sentencex {package_version('sentencex')}", "splits": {}}
     for part, exs in parts.items():
         version = "2.0" if v2_input and any(e.is_impossible for e in exs) else "1.1"
         atomic_write_json(out / f"{part}.json", to_squad_json(exs, version), indent=None)
-        stats["splits"][part] = {**statistics(exs), "version": version}
+        stats["splits"][part] = {**statistics(exs), "version": version,
+                                 "answer_sentences": answer_sentence_distribution(exs)}
     rows = ["| data set | split | avg question words | avg context words | instances | answerable |",
             "|---|---|---|---|---|---|"]
     rows.append(f"| original | all | {before['avg_question_words']:.2f} | {before['avg_context_words']:.2f} | "
@@ -183,9 +248,40 @@ def _write_build(out: Path, parts: dict, inputs, label, seed, n_read, before, av
     for part, s in stats["splits"].items():
         rows.append(f"| {label} | {part} | {s['avg_question_words']:.2f} | {s['avg_context_words']:.2f} | "
                     f"{s['instances']:,} | {s['answerable']:,} |")
+    rows += ["", _answer_sentence_table(stats), *_selection_notes(stats)]
     atomic_write_text(out / "stats.md", "\n".join(rows) + "\n")
     atomic_write_json(out / "stats.json", stats)
     return stats
+
+
+def _answer_sentence_table(stats: dict) -> str:
+    """stats.md's answer-sentence table: count (share) per bucket and written part."""
+    buckets = list(next(iter(stats["splits"].values()))["answer_sentences"]) if stats["splits"] else []
+    rows = [f"Sentence of the first gold answer ({stats['sentence_splitter']}):", "",
+            "| data set | split | " + " | ".join(buckets) + " |", "|---|---|" + "---|" * len(buckets)]
+    for part, s in stats["splits"].items():
+        cells = [f"{d['count']:,} ({100 * d['share']:.1f}%)" for d in s["answer_sentences"].values()]
+        rows.append(f"| {stats['label']} | {part} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _selection_notes(stats: dict) -> list[str]:
+    """stats.md's lines on the answer-sentence filter, the excluded questions and the random control."""
+    notes = []
+    if stats["exclude_ambiguous"]:
+        why = " (implied by --answer-sentence)" if stats["exclude_ambiguous_implied"] else ""
+        notes.append(f"- Excluded {stats['excluded_ambiguous']:,} answer_start_ambiguous question(s){why}.")
+    if stats["answer_sentence"] is None:
+        return [""] + notes if notes else []
+    for part, c in stats["answer_sentence_kept"].items():
+        notes.append(f"- Answer-sentence filter {stats['answer_sentence']}: kept {c['kept']:,} of {c['of']:,} "
+                     f"question(s) ({part}).")
+    written = sorted({s["instances"] for s in stats["splits"].values()})
+    each = (f"--sample {written[0]}" if len(written) == 1 else  # one --sample sizes every part alike
+            "--sample " + ", ".join(f"{s['instances']} ({part})" for part, s in stats["splits"].items()))
+    notes.append(f"- Matching random control: the same command without --answer-sentence, with "
+                 f"--exclude-ambiguous and {each} (the instances written here; same --seed).")
+    return [""] + notes
 
 
 truncate_range_fn = truncate_range  # `build_dataset` has a parameter of that name

@@ -138,12 +138,45 @@ def _class_table(result: dict, alphas=(1, 5, 10)) -> tuple[list[str], list[list[
     return head, body
 
 
+NO_INTERVAL = ("No interval: `position_eval` keeps each (k, α) cell's corpus-level score, not per-sentence "
+               "counts, so its sentences cannot be resampled here.")
+
+
+def position_bias(result: dict) -> dict:
+    """Mode -> `analysis.bias.alpha_bias` of the main metric's α curve (mean over k ≥ α): drop
+    M(1) − M(k_max) and PSI over α; None where a mode was skipped or has < 2 defined values."""
+    from ..analysis.bias import alpha_bias
+
+    key = result["metric"]
+    out = {}
+    for mode in MODES:
+        part = result.get(mode) or {}
+        if "by_alpha" in part:
+            out[mode] = alpha_bias([r[f"{key}_mean"] for r in part["by_alpha"]])
+    return out
+
+
+def _bias_block(result: dict, bias: dict) -> tuple[list[str], list[list[str]], str]:
+    """The "Position bias" table (head, body) and its note."""
+    name = _NAMES[result["metric"]]
+    k_max = result["subset"]["k_max"]
+    head = ["mode", "α", f"drop = {name}(1) − {name}({k_max})", f"PSI = 1 − min/max of {name}(α)"]
+    body = [[mode, f"1..{k_max}", "–", "–"] if b is None else
+            [mode, f"1..{b['alphas']}", _fmt(b["drop"]), f"{b['psi']:.3f}"] for mode, b in bias.items()]
+    note = (f"Drop: {name}(1) − {name}({k_max}) in points ({name}(α): copy α, mean over k ≥ α; positive: later "
+            f"copies score lower); PSI, the position sensitivity index over α = 1..{k_max}: 0 = no position "
+            "effect, 1 = some copy at 0. " + NO_INTERVAL)
+    return head, body, note
+
+
 def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str, Path]] = ()) -> list[Path]:
-    """diagnosis.md / .html / .json and the plots of a `position_eval` result, into `out`."""
+    """diagnosis.md / .html / .json and the plots of a `position_eval` result, into `out`; the
+    position bias (`position_bias`) first, also stored in `result["position_bias"]`."""
     from ..analysis.report import html_figure, html_page, html_table, md_table
     from ..utils import atomic_write_json, atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
+    result["position_bias"] = bias = position_bias(result)
     plots = [("F1(α), Prec(α), Rec(α) and consistency (Fig. 7)",
               plot_position_curves(result, out / "position_curves.png", title))]
     pc = plot_per_class(result, out / "per_class.png", "Per-class F1(α), duplicate mode")
@@ -178,8 +211,12 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
     t = result["timing"]
     intro.append(f"{t['real_tokens']:,} real tokens in {t['seconds']:.1f} s ({t['tokens_per_s']:,.0f} tokens/s).")
     head, body = _alpha_table(result)
-    md = [f"# {title}", ""] + [x + "\n" for x in intro] + [f"## {metric}(α)", "", md_table(head, body), ""]
-    htm = [f"<h1>{html.escape(title)}</h1>"] + [f"<p>{html.escape(x).replace('**', '')}</p>" for x in intro]
+    bh, bb, bnote = _bias_block(result, bias)
+    md = [f"# {title}", "", "## Position bias", "", md_table(bh, bb), "", bnote, ""]
+    md += [x + "\n" for x in intro] + [f"## {metric}(α)", "", md_table(head, body), ""]
+    htm = [f"<h1>{html.escape(title)}</h1>", "<h2>Position bias</h2>", html_table(bh, bb),
+           f"<p>{html.escape(bnote.replace('`', ''))}</p>"]
+    htm += [f"<p>{html.escape(x).replace('**', '')}</p>" for x in intro]
     htm += [f"<h2>{html.escape(metric)}(α)</h2>", html_table(head, body)]
     ct = _class_table(result)
     if ct:
@@ -192,7 +229,7 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
         htm.append(html_figure(name, p, Path(p).name))
     atomic_write_text(out / "diagnosis.md", "\n".join(md) + "\n")
     atomic_write_text(out / "diagnosis.html", html_page(title, htm))
-    atomic_write_json(out / "diagnosis.json", result)
+    atomic_write_json(out / "diagnosis.json", {"position_bias": bias, **result})  # the bias first
     return [Path(p) for _, p in plots]
 
 

@@ -131,7 +131,7 @@ def test_diagnose_writes_position_analyses(tmp_path, tokenizer, dev_examples):
     res = posbias.diagnose(tmp_path / "run" / "best", DEMO_DEV, tmp_path / "diag", xs=(40, 80),
                            overrides=["data.max_eval_examples=60"], progress=False)
     assert set(res["tables"]) == {"gold_position_quartile", "pred_position_quartile",
-                                  "first_x_tokens(x=40)", "first_x_tokens(x=80)", "answer_length"}
+                                  "first_x_tokens(x=40)", "first_x_tokens(x=80)", "answer_length", "answer_sentence"}
     for rows in res["tables"].values():
         assert 0 < sum(r["questions"] for r in rows) <= 60
     s40 = {r["segment"]: r["questions"] for r in res["tables"]["first_x_tokens(x=40)"]}
@@ -145,7 +145,8 @@ def test_diagnose_writes_position_analyses(tmp_path, tokenizer, dev_examples):
               "eval/predictions.json"):
         assert (tmp_path / "diag" / f).is_file(), f
     page = (tmp_path / "diag" / "diagnosis.html").read_text(encoding="utf-8")
-    assert page.count("<table") == len(res["tables"]) and page.count("data:image/png;base64,") == 2
+    # the position-bias block first, then one table per segmentation
+    assert page.count("<table") == len(res["tables"]) + 1 and page.count("data:image/png;base64,") == 2
     # Any Hugging Face QA folder can be diagnosed too.
     hf = posbias.export(tmp_path / "run" / "best", tmp_path / "hf")
     res_hf = posbias.diagnose(hf, DEMO_DEV, tmp_path / "diag_hf", overrides=["data.max_eval_examples=60",

@@ -1,0 +1,175 @@
+"""One position-bias number per bucketing: the drop and the position sensitivity index. Pure functions.
+
+Given a score per position bucket (QA: F1 by gold-position quartile or by answer sentence, Ko et al.
+2020; tagging: F1(α) of the duplicated test sets, Ben Amor et al.):
+
+* drop = best bucket − worst bucket, in points (QA); for the α curve the paper's F1(1) − F1(k_max),
+  signed (copy 1 minus the last copy);
+* PSI = 1 − min / max over the buckets (position sensitivity index; Zeng et al. 2025 use it for
+  position bias in retrieval): 0 when every bucket scores the same, 1 when one scores 0; defined
+  as 0 when every bucket scores 0 (no score, hence no position to be sensitive to).
+
+QA intervals: percentile bootstrap, questions resampled with replacement *within* each bucket (the
+bucket sizes stay fixed, as the segmentation is given), both statistics recomputed per resample.
+max − min of noisy bucket means is biased upward, so when buckets barely differ the interval may
+lie above the point value; it is a spread, not a test that the bias is non-zero.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+NO_ANSWER = "no answer"
+QA_BUCKETINGS = ("gold_position_quartile", "answer_sentence")
+"""Segmenters whose buckets are answer positions fixed by the gold answers (the same questions for
+every method). `pred_position_quartile` is left out: its buckets differ by model."""
+DEFAULT_SAMPLES = 2000
+LEVEL = 0.95
+
+
+def drop(means: Sequence[float]) -> float:
+    """Best minus worst bucket score."""
+    x = np.asarray(means, dtype=np.float64)
+    return float(x.max() - x.min())
+
+
+def psi(means: Sequence[float]) -> float:
+    """Position sensitivity index 1 − min/max; 0 when the best bucket scores 0."""
+    x = np.asarray(means, dtype=np.float64)
+    hi = x.max()
+    return float(1 - x.min() / hi) if hi > 0 else 0.0
+
+
+def bucket_values(labels: Mapping[str, str], scores: Mapping[str, Sequence[float]], *, index: int = 1,
+                  scale: float = 100.0) -> dict[str, np.ndarray]:
+    """Bucket -> (n_b,) per-question scores (`scores[qid][index]` x `scale`: F1 in points by default),
+    in label order; "no answer" and questions without a label or score are left out."""
+    groups: dict[str, list[float]] = {}
+    for qid, label in labels.items():
+        if label != NO_ANSWER and qid in scores:
+            groups.setdefault(str(label), []).append(scale * float(scores[qid][index]))
+    return {k: np.asarray(v, dtype=np.float64) for k, v in sorted(groups.items())}
+
+
+def position_bias(buckets: Mapping[str, Sequence[float]], *, samples: int = DEFAULT_SAMPLES, seed: int = 0,
+                  level: float = LEVEL) -> dict | None:
+    """Drop and PSI of the bucket means, with bootstrap intervals over questions.
+
+    Args:
+        buckets: bucket -> per-question scores (e.g. F1 in points); empty buckets are ignored.
+        samples: bootstrap resamples; 0 gives the point values only (intervals None).
+        seed: NumPy generator seed (the same seed, the same interval).
+        level: coverage of the percentile interval.
+    Returns:
+        {"buckets", "questions", "best", "worst", "means", "drop", "drop_ci", "psi", "psi_ci",
+        "samples", "seed"}, or None with fewer than two non-empty buckets (no position to compare).
+    """
+    data = {k: np.asarray(v, dtype=np.float64) for k, v in buckets.items() if len(v)}
+    if len(data) < 2:
+        return None
+    names = list(data)
+    means = np.array([data[k].mean() for k in names])
+    out = {"buckets": len(names), "questions": int(sum(len(v) for v in data.values())),
+           "best": names[int(means.argmax())], "worst": names[int(means.argmin())],
+           "means": {k: float(m) for k, m in zip(names, means)},
+           "drop": drop(means), "drop_ci": None, "psi": psi(means), "psi_ci": None,
+           "samples": int(samples), "seed": int(seed)}
+    if samples <= 0:
+        return out
+    rng = np.random.default_rng(seed)
+    boot = np.empty((samples, len(names)))  # (samples, buckets) resampled bucket means
+    for j, k in enumerate(names):
+        v = data[k]
+        for lo in range(0, samples, 500):  # chunks bound memory at 500 x n_b indices
+            idx = rng.integers(0, len(v), size=(min(500, samples - lo), len(v)))
+            boot[lo:lo + len(idx), j] = v[idx].mean(axis=1)
+    hi, lo_ = boot.max(axis=1), boot.min(axis=1)
+    drops = hi - lo_
+    psis = np.where(hi > 0, 1 - lo_ / np.where(hi > 0, hi, 1), 0.0)
+    q = [100 * (1 - level) / 2, 100 * (1 + level) / 2]
+    out["drop_ci"] = [float(x) for x in np.percentile(drops, q)]
+    out["psi_ci"] = [float(x) for x in np.percentile(psis, q)]
+    return out
+
+
+def qa_position_bias(tables: Mapping[str, Mapping[str, str]], scores: Mapping[str, Sequence[float]], *,
+                     samples: int = DEFAULT_SAMPLES, seed: int = 0) -> dict:
+    """Bucketing name -> `position_bias` of per-question F1 (scores: qid -> (EM, F1) in 0..1), for
+    each labelling in `tables` (bucketing -> qid -> bucket); None where it has < 2 buckets."""
+    return {name: position_bias(bucket_values(labels, scores), samples=samples, seed=seed)
+            for name, labels in tables.items()}
+
+
+def alpha_bias(curve: Sequence[float | None]) -> dict | None:
+    """Drop F1(1) − F1(k_max) and PSI over α of one α curve (F1(α), α = 1..k_max; None where a value
+    is undefined). No interval: the curve holds corpus-level scores, no per-sentence counts.
+    None with fewer than two defined values."""
+    vals = [v for v in curve if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if len(vals) < 2:
+        return None
+    first, last = curve[0], curve[-1]
+    return {"alphas": len(curve), "first": first, "last": last,
+            "drop": None if first is None or last is None else float(first - last), "psi": psi(vals),
+            "best_alpha": 1 + max(range(len(curve)), key=lambda i: -math.inf if curve[i] is None else curve[i]),
+            "worst_alpha": 1 + min(range(len(curve)), key=lambda i: math.inf if curve[i] is None else curve[i])}
+
+
+# ------------------------------------------------------------------------- experiments (per method)
+def _segmenter_name(label: str) -> str:
+    """'answer_sentence(last=4)' -> 'answer_sentence' (the store keeps the spec's label)."""
+    return label.split("(", 1)[0]
+
+
+def experiment_rows(results: dict) -> list[dict]:
+    """Per data x train size x eval set x bucketing x method: mean ± sample std over seeds of each
+    run's drop and PSI (`load_results` output; no bootstrap here, the spread is over seeds).
+
+    QA: from the store's `segments` of the gold-position segmenters (QA_BUCKETINGS), "no answer" and
+    empty segments left out; runs whose eval set has no `answer_sentence` segments use the
+    `by_answer_sentence` of their metrics.json (default buckets). Tagging: each position evaluation's
+    main-metric α curve (duplicate and shift mode)."""
+    from .stats import mean_std
+
+    runs = {r["name"]: r for r in results["runs"] if r["status"] == "finished"}
+    # (run, eval set, bucketing, kind) -> {bucket: F1} ("buckets") or the α curve [F1(1), ...] ("alpha")
+    per_run: dict = {}
+    for s in results["segments"]:
+        position = _segmenter_name(s["segmenter"]) in QA_BUCKETINGS
+        if s["run"] in runs and position and s["segment"] != NO_ANSWER and s["n"]:
+            per_run.setdefault((s["run"], s["eval_set"], s["segmenter"], "buckets"), {})[s["segment"]] = s["f1"]
+    have_sentence = {(r, e) for r, e, b, _ in per_run if _segmenter_name(b) == "answer_sentence"}
+    for name, r in runs.items():
+        for eval_set, m in r["metrics"].items():
+            by = m.get("by_answer_sentence")
+            if by and (name, eval_set) not in have_sentence:
+                per_run[(name, eval_set, "answer_sentence", "buckets")] = {
+                    k: v["f1"] for k, v in by.items() if k != NO_ANSWER and v["total"]}
+            key = m.get("metric")
+            for tag, mode in (("", "duplicate"), ("shift_", "shift")):
+                if key and f"{tag}{key}_by_alpha" in m:
+                    label = f"{'F1' if key == 'f1' else key}(α), {mode}"
+                    per_run[(name, eval_set, label, "alpha")] = m[f"{tag}{key}_by_alpha"]
+    values: dict = {}
+    for (name, eval_set, bucketing, kind), v in per_run.items():
+        r = runs[name]
+        if kind == "alpha":
+            b = alpha_bias(v)
+            point = None if b is None or b["drop"] is None else (b["drop"], b["psi"])
+        else:
+            point = (drop(list(v.values())), psi(list(v.values()))) if len(v) >= 2 else None
+        if point is not None:
+            key = (r["dataset"], r["train_size"], eval_set, bucketing, kind)
+            values.setdefault(key, {}).setdefault(r["method"], []).append(point)
+    rows = []
+    for (dataset, size, eval_set, bucketing, kind), by_method in sorted(values.items(), key=lambda kv: str(kv[0])):
+        order = [m for m in results["methods"] if m in by_method] + sorted(set(by_method) - set(results["methods"]))
+        for method in order:
+            pts = by_method[method]
+            dm, ds = mean_std([p[0] for p in pts])
+            pm, ps = mean_std([p[1] for p in pts])
+            rows.append({"dataset": dataset, "train_size": size, "eval_set": eval_set, "bucketing": bucketing,
+                         "kind": kind, "method": method, "n_runs": len(pts), "drop_mean": dm, "drop_std": ds,
+                         "psi_mean": pm, "psi_std": ps})
+    return rows
