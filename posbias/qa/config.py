@@ -105,6 +105,11 @@ class DebiasConfig:
     gate: str | None = None
     """learned-mixin's g(x) = softplus(w·h + c): `cls` (default; h the [CLS] state) or `max` (the
     maximum of w·h_t over the real tokens, as the authors' code)."""
+    prior: str = "token"
+    """The bias model of bias_product and learned-mixin(+H): `token` (P(label = j-th context token of
+    the window)) or `sentence` (P(label in the k-th sentence of the context), every token of sentence
+    k getting sentence k's value: Ko et al.'s `answer_stat`; `posbias.qa.debias`). Left out of the
+    saved config and its hash at `token`, so runs set before the key existed keep theirs."""
 
 
 @dataclass
@@ -132,11 +137,14 @@ class QAConfig(RunConfig):
     """Training-time input perturbations, each `{name: ..., options...}`."""
 
     def to_dict(self) -> dict:
-        """The config as a dict; `train.debias` only when set, so that configs without it (every
-        run recorded before it existed) keep their saved form and their hash."""
+        """The config as a dict; `train.debias` only when set, and its `prior` only when not `token`,
+        so that configs without them (every run recorded before they existed) keep their saved form
+        and their hash."""
         d = super().to_dict()
         if d["train"].get("debias") is None:
             d["train"].pop("debias", None)
+        elif d["train"]["debias"].get("prior") == "token":
+            d["train"]["debias"].pop("prior")  # the default, and the only prior before the key existed
         return d
 
     def validate(self) -> None:

@@ -23,30 +23,46 @@ Training only: `QAModel.forward` uses these for the loss when targets are given 
 the scores, so decoding (evaluation, prediction) sees the main model alone. The learned-mixin gate
 (w, c) is a parameter of the checkpoint (a resumed run needs it) that no prediction reads.
 
-The prior (`answer_prior`), and where it follows or leaves the paper and its code:
-- Token level, indexed by the token's offset in its window's context part: P(start = j-th context
-  token). The paper's priors are word and sentence level; the authors' code looks its "word"
-  statistics up by subword-token index (`convert_examples_to_features_word`) and writes them from
-  the window's first context token on (index i of the window's context, for every window), with
-  non-context tokens getting none. posbias's heads predict tokens, so the prior is counted on the
-  token labels themselves. The sentence-level prior is not implemented.
-- The offset is the token's place in the window (the index the labels use), not the position id
-  the encoder sees: Random Padding and RPP shift position ids but move no answer, so the prior still
-  describes where answers are, and a clean and a perturbed pass of the same batch (augment mode)
-  share it. A prior looked up at shifted ids would be off by the shift (k ~ U{0 .. n - m}).
+The prior, `train.debias.prior`, and where it follows or leaves the paper and its code:
+- `token` (default; `answer_prior`): indexed by the token's offset in its window's context part,
+  P(start = j-th context token), L = data.max_seq_len offsets. The paper's priors are word and
+  sentence level; the authors' code looks its "word" statistics up by subword-token index
+  (`convert_examples_to_features_word`) and writes them from the window's first context token on
+  (index i of the window's context, for every window), with non-context tokens getting none.
+  posbias's heads predict tokens, so the prior is counted on the token labels themselves.
+- `sentence` (`sentence_prior`): indexed by the sentence of the context a token lies in,
+  P(start in sentence k), L = SENTENCE_BUCKETS outcomes. A token's sentence is
+  `posbias.qa.sentences.sentence_index(context, c)` (1-based, sentencex) of its first character c,
+  sentences k >= SENTENCE_BUCKETS sharing the last bucket; the counts are of the sentences of the
+  labelled start and end tokens. Every context token of sentence k then gets sentence k's value,
+  start and end separately: the authors' `answer_stat` (`--all_bound True`, `${K}_stat.p`, read
+  in `utils_squad.py` `read_squad_examples_opt`), which gives each word of sentence k the statistic
+  of key k. Differences: they count one answer per question over SQuAD train, posbias one label
+  per training window (with the null below), from the windows' own labels; their sentence index
+  is 0-based and uncapped (keys 0 .. 20 for SQuAD train), sentences without a count getting 0.
+  The sentence is the context's, not the window's: the later windows of a long context start in
+  a later sentence. The lookup table of every training window's tokens (`sentence_columns`) is
+  built with the prior from the examples' contexts and found by the batch's `window` indices;
+  evaluation never builds it.
+- The offset or sentence is the token's place in the window (the index the labels use), not the
+  position id the encoder sees: Random Padding and RPP shift position ids but move no answer (and
+  no token out of its sentence), so the prior still describes where answers are, and a clean and
+  a perturbed pass of the same batch (augment mode) share it. A prior looked up at shifted ids
+  would be off by the shift (k ~ U{0 .. n - m}).
 - [CLS] labels (SQuAD v2 null answers, and windows without the answer under
   `data.unanswerable_windows: cls`) count as one more outcome, `null`, read at [CLS].
-- Add-α (Laplace) smoothing over the L = data.max_seq_len offsets and the null:
+- Add-α (Laplace) smoothing over the L offsets or sentence buckets and the null:
   p = (count + α) / (N + α (L + 1)), N training windows, α = `train.debias.smoothing` (default 1).
   Candidates that are neither context nor [CLS] (the question under `softmax_over: all`) get the
   probability of an unseen outcome, α / (N + α (L + 1)). The authors' code adds unsmoothed
   probabilities, not their logarithms, to the log-softmax; posbias follows Clark et al.'s log b.
 
-Shape legend: b batch, s sequence, d hidden, L prior length (data.max_seq_len).
+Shape legend: b batch, s sequence, d hidden, L prior length (data.max_seq_len, or SENTENCE_BUCKETS),
+n training windows, W the longest training window.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -67,7 +83,13 @@ ENTROPY_WEIGHT = 8.0  # λ of the authors' `cos_entropy_loss` (param=8)
 HEADS = ("independent", "dynamic_query", "conditional_pointer")
 
 PRIOR_METHODS = ("bias_product", *MIXIN)  # the methods whose bias model is the answer prior
+PRIORS = ("token", "sentence")  # train.debias.prior
 NULL, UNSEEN, OFFSET = 0, 1, 2  # columns of the log-prior table: [CLS], other tokens, context offsets
+# Sentences 1 .. 31 and "32+" of the sentence prior. Above every answer sentence of SQuAD train (the
+# authors' statistics stop at their 0-based key 20; 17 in the bundled slice), so the cap only merges
+# the rare tail of long contexts (MRQA's TriviaQA, NewsQA), whose few counts would otherwise each
+# be smoothing-dominated outcomes of their own; small enough for one byte a token in the lookup.
+SENTENCE_BUCKETS = 32
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -100,6 +122,10 @@ def check_config(debias, head: str) -> None:
             raise ConfigError(f"train.debias.gate must be one of {list(GATES)}, got {debias.gate!r}")
     elif debias.gate is not None:
         raise ConfigError(f"train.debias.gate is read by learned_mixin and learned_mixin_h only, not {debias.method}")
+    if debias.prior not in PRIORS:
+        raise ConfigError(f"train.debias.prior must be one of {list(PRIORS)}, got {debias.prior!r}")
+    if debias.prior != "token" and debias.method not in PRIOR_METHODS:
+        raise ConfigError(f"train.debias.prior is read by {', '.join(PRIOR_METHODS)} only, not {debias.method}")
 
 
 # ------------------------------------------------------------------------------------------ prior
@@ -108,12 +134,18 @@ class AnswerPrior:
     """The answer-position prior of a training set (see the module docstring).
 
     Attributes:
-        start, end: (L,) probability that the label is the j-th context token of its window.
+        start, end: (L,) probability that the label is the j-th context token of its window
+            (`level` token), or a token of the (j+1)-th sentence of its context (`level` sentence;
+            the last entry: that sentence or a later one).
         null: probability of the [CLS] label (start and end alike).
         unseen: α / (N + α (L + 1)), the probability of an outcome never seen, for candidates that
             are neither context nor [CLS].
         windows: N, the training windows counted.
         smoothing: α.
+        level: `token` or `sentence` (`train.debias.prior`).
+        window_columns: sentence level, training only: (n, W) uint8, the log-table column of every
+            token of every training window (`sentence_columns`), looked up by the batch's `window`.
+            Not saved: a prior read from a checkpoint has none (and no prediction needs it).
     start.sum() + null == end.sum() + null == 1.
     """
 
@@ -123,14 +155,20 @@ class AnswerPrior:
     unseen: float
     windows: int
     smoothing: float
+    level: str = "token"
+    window_columns: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def log_table(self) -> torch.Tensor:
-        """(2, L + 2) log-probabilities: rows start, end; columns [CLS], unseen, offsets 0 .. L-1."""
+        """(2, L + 2) log-probabilities: rows start, end; columns [CLS], unseen, offsets (or sentence
+        buckets) 0 .. L-1."""
         rows = [np.concatenate([[self.null, self.unseen], p]) for p in (self.start, self.end)]
         return torch.log(torch.tensor(np.stack(rows), dtype=torch.float32))
 
     def to_dict(self) -> dict:
-        return {"index": "token offset in the window's context; null = the [CLS] label",
+        index = ("token offset in the window's context" if self.level == "token" else
+                 f"sentence of the context (1-based, sentencex) minus 1; the last entry: sentence {len(self.start)} "
+                 f"and later")
+        return {"level": self.level, "index": f"{index}; null = the [CLS] label",
                 "smoothing": self.smoothing, "windows": self.windows, "null": self.null, "unseen": self.unseen,
                 "start": self.start.tolist(), "end": self.end.tolist()}
 
@@ -139,18 +177,24 @@ class AnswerPrior:
         """A saved prior (`to_dict`), checked: positive probabilities that sum to 1."""
         try:
             start, end = (np.asarray(d[k], dtype=np.float64) for k in ("start", "end"))
-            prior = cls(start, end, float(d["null"]), float(d["unseen"]), int(d["windows"]), float(d["smoothing"]))
+            prior = cls(start, end, float(d["null"]), float(d["unseen"]), int(d["windows"]), float(d["smoothing"]),
+                        d.get("level", "token"))  # saved before sentence priors existed: token
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{source}: not an answer prior ({e})") from None
+        if prior.level not in PRIORS:
+            raise ConfigError(f"{source}: level must be one of {list(PRIORS)}, got {prior.level!r}")
         for name, p in (("start", start), ("end", end)):
             if p.ndim != 1 or len(p) == 0 or (p <= 0).any() or abs(p.sum() + prior.null - 1) > 1e-6:
                 raise ConfigError(f"{source}: {name} must be positive probabilities summing with null to 1")
         return prior
 
     def summary(self) -> dict:
-        """A few facts for run_info.json (the full prior is in each checkpoint's posbias_model.json)."""
-        return {"windows": self.windows, "smoothing": self.smoothing, "null": round(self.null, 6),
-                "start_mode": int(self.start.argmax()), "end_mode": int(self.end.argmax()), "length": len(self.start)}
+        """A few facts for run_info.json (the full prior is in each checkpoint's posbias_model.json).
+        The modes are a context offset (token level) or a 1-based sentence (sentence level)."""
+        first = 0 if self.level == "token" else 1
+        return {"level": self.level, "windows": self.windows, "smoothing": self.smoothing, "null": round(self.null, 6),
+                "start_mode": int(self.start.argmax()) + first, "end_mode": int(self.end.argmax()) + first,
+                "length": len(self.start)}
 
 
 def answer_prior(features, length: int, smoothing: float = 1.0) -> AnswerPrior:
@@ -189,6 +233,89 @@ def prior_index(batch: dict, length: int) -> torch.Tensor:
     offset = (ctx.long().cumsum(1) - 1).clamp(0, length - 1)  # (b, s): j of the j-th context token
     idx = torch.where(ctx, offset + OFFSET, torch.full_like(offset, UNSEEN))
     return idx.masked_fill(is_cls, NULL)
+
+
+def sentence_columns(features, examples, buckets: int = SENTENCE_BUCKETS) -> np.ndarray:
+    """(n, W) uint8: the sentence prior's log-table column of every token of every window.
+
+    NULL at [CLS]; OFFSET + min(k, buckets) - 1 at a context token whose first character lies in
+    the k-th sentence of its example's context (`posbias.qa.sentences.sentence_index`, 1-based);
+    UNSEEN elsewhere (question, specials, and past the window's end up to W, the longest window).
+
+    Args:
+        features: QAFeatures (`offsets`, `example_index`, `cls_index`).
+        examples: the examples the features were built from (`example_index` indexes them).
+        buckets: sentences k >= buckets share the last bucket.
+    """
+    from .sentences import sentence_starts
+
+    if not 1 <= buckets <= 255 - OFFSET:
+        raise ValueError(f"sentence buckets must be in 1 .. {255 - OFFSET} (one byte a token), got {buckets}")
+    width = int(features.lengths.max())
+    columns = np.full((len(features), width), UNSEEN, dtype=np.uint8)
+    starts: dict[int, np.ndarray] = {}  # example -> its sentences' first characters
+    for i, offsets in enumerate(features.offsets):
+        ex = int(features.example_index[i])
+        if ex not in starts:
+            starts[ex] = np.asarray(sentence_starts(examples[ex].context), dtype=np.int64)
+        ctx = np.flatnonzero(offsets[:, 0] >= 0)
+        # bisect_right over the sentence starts, as sentence_index: the 1-based sentence of each token.
+        k = np.searchsorted(starts[ex], offsets[ctx, 0], side="right")
+        columns[i, ctx] = OFFSET + np.minimum(k, buckets) - 1
+        columns[i, features.cls_index[i]] = NULL
+    return columns
+
+
+def sentence_prior(features, examples, smoothing: float = 1.0, buckets: int = SENTENCE_BUCKETS) -> AnswerPrior:
+    """The sentence-level answer prior of labelled QA features (`build_qa_features(train=True)`).
+
+    The start and end distributions count the sentence bucket of each window's start and end label
+    (its column in `sentence_columns`), [CLS] labels count as the null; add-α smoothing over the
+    `buckets` sentence buckets and the null. The prior keeps the lookup table (`window_columns`).
+
+    Args:
+        features: QAFeatures with start/end labels (window token indices).
+        examples: the examples the features were built from.
+        smoothing: α of the add-α smoothing.
+        buckets: sentences k >= buckets share the last bucket.
+    """
+    starts, ends, cls = features.start_positions, features.end_positions, features.cls_index
+    if len(starts) == 0 or (starts < 0).any():
+        raise ValueError("sentence_prior needs labelled training features")
+    columns = sentence_columns(features, examples, buckets)
+    null = starts == cls
+    rows = np.flatnonzero(~null)
+    n = len(starts)
+    denom = n + smoothing * (buckets + 1)
+
+    def dist(labels: np.ndarray) -> np.ndarray:
+        bucket = columns[rows, labels[rows]].astype(np.int64) - OFFSET
+        if (bucket < 0).any():  # a label off the context: not features build_qa_features makes
+            raise ValueError("sentence_prior: a start or end label is neither [CLS] nor a context token")
+        return (np.bincount(bucket, minlength=buckets) + smoothing) / denom
+
+    return AnswerPrior(dist(starts), dist(ends), float((null.sum() + smoothing) / denom), float(smoothing / denom),
+                       n, float(smoothing), "sentence", columns)
+
+
+def window_prior_index(batch: dict, columns: torch.Tensor) -> torch.Tensor:
+    """(b, s) column of the log-prior table for each token of a batch, read from a per-window table.
+
+    Args:
+        batch: a training batch of the features the table was built from (`posbias.qa.collate`):
+            `window` (b,) their indices, `pad_left` (b,) the left padding that moves each row's
+            tokens, `span_mask` (b, s) for the shape.
+        columns: (n, W) the column of each token of each window (`sentence_columns`).
+    """
+    if "window" not in batch:
+        raise TrainingError("train.debias.prior sentence: the batch has no `window` indices to look its "
+                            "tokens' sentences up by (posbias.qa.collate makes them)")
+    span = batch["span_mask"]
+    rows = columns[batch["window"]].long()  # (b, W): the row of each window, unpadded
+    width = rows.shape[1]
+    j = torch.arange(span.shape[1], device=span.device)[None, :] - batch["pad_left"][:, None]  # (b, s): window token
+    idx = rows.gather(1, j.clamp(0, width - 1))  # (b, s)
+    return idx.masked_fill((j < 0) | (j >= width), UNSEEN)  # left padding (right padding is UNSEEN in the table)
 
 
 # ------------------------------------------------------------------------------------- the losses
@@ -236,26 +363,47 @@ def head_mask(head, batch: dict) -> torch.Tensor:
 
 class Debias(nn.Module):
     """The training objective of `train.debias` for a QA model: the learned-mixin gate (a parameter)
-    and the answer prior (a buffer left out of the state dict; checkpoints keep it as JSON)."""
+    and the answer prior (a buffer left out of the state dict; checkpoints keep it as JSON), with, for
+    the sentence prior, the sentence table of the training windows (never saved)."""
 
     def __init__(self, method: str, hidden_size: int, *, entropy_weight: float | None = None,
-                 gate: str | None = None):
+                 gate: str | None = None, prior_level: str = "token"):
         super().__init__()
         self.method, self.entropy_weight, self.gate_input = method, entropy_weight, gate or "cls"
+        self.prior_level = prior_level  # train.debias.prior
         # g(x) = softplus(w·h + c): Clark et al. §3.2.2; w·h of the [CLS] state (`cls`) or, as the
         # authors' code, its maximum over the tokens (`max`).
         self.gate = nn.Linear(hidden_size, 1) if method in MIXIN else None
         self.register_buffer("log_prior", None, persistent=False)  # (2, L + 2), see AnswerPrior.log_table
         self.prior: AnswerPrior | None = None
+        # Sentence prior: (n, W) its window_columns. A plain attribute, moved to the batch's device at
+        # first use: as a buffer, DDP would broadcast its n × W bytes at every step.
+        self.window_columns: torch.Tensor | None = None
 
     @property
     def needs_word_embeddings(self) -> bool:
         return self.method == "entropy"
 
     def set_prior(self, prior: AnswerPrior) -> None:
+        if prior.level != self.prior_level:
+            raise ConfigError(f"train.debias.prior is {self.prior_level!r}, but the answer prior given is "
+                              f"{prior.level!r}")
         device = self.gate.weight.device if self.gate is not None else None
         self.prior = prior
         self.log_prior = prior.log_table().to(device) if device is not None else prior.log_table()
+        columns = prior.window_columns
+        self.window_columns = torch.from_numpy(columns) if columns is not None else None
+
+    def table_columns(self, batch: dict, device: torch.device) -> torch.Tensor:
+        """(b, s) column of `log_prior` for each token of a training batch."""
+        if self.prior_level == "token":
+            return prior_index(batch, self.log_prior.shape[1] - OFFSET)
+        if self.window_columns is None:
+            raise TrainingError("train.debias.prior sentence: the prior has no sentence table of the training "
+                                "windows (a prior read from a checkpoint has none; train_features builds it)")
+        if self.window_columns.device != device:
+            self.window_columns = self.window_columns.to(device)
+        return window_prior_index(batch, self.window_columns)
 
     def mixin_scale(self, tokens: torch.Tensor, batch: dict) -> torch.Tensor:
         """(b, 1) g(x) >= 0."""
@@ -284,7 +432,7 @@ class Debias(nn.Module):
             raise TrainingError("train.debias: the model has no answer prior (it comes from the training "
                                 "features: the task's train_features builds it before build_model)")
         log_prior = self.log_prior.to(mask.device)  # a no-op once the model has moved with its buffers
-        table = log_prior[:, prior_index(batch, log_prior.shape[1] - OFFSET)]  # (2, b, s): start, end
+        table = log_prior[:, self.table_columns(batch, mask.device)]  # (2, b, s): start, end
         log_b = [table[0], table[1]]
         if self.gate is not None:
             g = self.mixin_scale(tokens, batch)  # (b, 1)
@@ -307,4 +455,5 @@ def make_debias(debias, head: str, encoder) -> Debias:
         if width != hidden:
             raise ConfigError(f"train.debias.method entropy compares word embeddings with hidden states (cosine), "
                               f"but this encoder embeds at width {width} and its hidden size is {hidden}")
-    return Debias(debias.method, hidden, entropy_weight=debias.entropy_weight, gate=debias.gate)
+    return Debias(debias.method, hidden, entropy_weight=debias.entropy_weight, gate=debias.gate,
+                  prior_level=debias.prior)

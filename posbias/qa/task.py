@@ -55,11 +55,14 @@ class QATask:
                                   source=train_ds.path)
         debias = cfg.train.debias
         if debias is not None:
-            from .debias import PRIOR_METHODS, answer_prior
+            from .debias import PRIOR_METHODS, answer_prior, sentence_prior
 
-            # Ko et al.'s bias model: the answer positions of the training windows (`posbias.qa.debias`).
+            # Ko et al.'s bias model: the answer positions of the training windows (`posbias.qa.debias`),
+            # by token offset, or by sentence of the examples' contexts.
             if debias.method in PRIOR_METHODS:
-                self._prior = (weakref.ref(train_ds), answer_prior(feats, d.max_seq_len, debias.smoothing))
+                prior = (sentence_prior(feats, examples, debias.smoothing) if debias.prior == "sentence"
+                         else answer_prior(feats, d.max_seq_len, debias.smoothing))
+                self._prior = (weakref.ref(train_ds), prior)
         return feats
 
     def _answer_prior(self, train_ds, debias):

@@ -16,12 +16,16 @@ from posbias.config import build_config
 from posbias.errors import ConfigError, TrainingError
 from posbias.qa.collate import collate
 from posbias.qa.config import DebiasConfig
-from posbias.qa.debias import (NULL, OFFSET, UNSEEN, AnswerPrior, Debias, answer_prior, cosine_entropy,
-                               ensemble_cross_entropy, make_debias, masked_entropy, prior_index)
+from posbias.qa.debias import (NULL, OFFSET, SENTENCE_BUCKETS, UNSEEN, AnswerPrior, Debias, answer_prior,
+                               cosine_entropy, ensemble_cross_entropy, make_debias, masked_entropy, prior_index,
+                               sentence_columns, sentence_prior)
+from posbias.qa.examples import Answer, QAExample
 from posbias.qa.features import QAFeatures, build_qa_features
 from posbias.qa.heads.span_scores import masked_logits
 from posbias.qa.model import QAModel, debias_for
+from posbias.qa.sentences import sentence_index
 from posbias.qa.task import QATask
+from posbias.perturb.position_shift import random_padding
 
 from conftest import DEMO_DEV, assert_close_to_scale, tiny_config, tiny_model
 
@@ -37,24 +41,26 @@ def batch_and_targets(feats, n=6):
     return batch, {k: batch[k] for k in ("start_positions", "end_positions")}
 
 
-def uniform_prior(length: int) -> AnswerPrior:
+def uniform_prior(length: int, level: str = "token", columns=None) -> AnswerPrior:
     p = 1 / (length + 1)
-    return AnswerPrior(np.full(length, p), np.full(length, p), p, p, 10, 1.0)
+    return AnswerPrior(np.full(length, p), np.full(length, p), p, p, 10, 1.0, level, columns)
 
 
-def peaked_prior(length: int, at: int = 0, mass: float = 0.999) -> AnswerPrior:
-    """Almost all mass on context offset `at`: a prior that would move any prediction it entered."""
+def peaked_prior(length: int, at: int = 0, mass: float = 0.999, level: str = "token", columns=None) -> AnswerPrior:
+    """Almost all mass on context offset (or sentence bucket) `at`: a prior that would move any
+    prediction it entered."""
     rest = (1 - mass) / (length + 1)
     p = np.full(length, rest)
     p[at] += mass
-    return AnswerPrior(p, p.copy(), rest, rest, 10, 1.0)
+    return AnswerPrior(p, p.copy(), rest, rest, 10, 1.0, level, columns)
 
 
-def debiased(model: QAModel, method: str, prior: AnswerPrior | None, **options) -> QAModel:
-    """`model`'s encoder and head (shared) with the de-biasing `method`."""
+def debiased(model: QAModel, method: str, bias: AnswerPrior | None, **options) -> QAModel:
+    """`model`'s encoder and head (shared) with the de-biasing `method` and the answer prior `bias`
+    (`options`: the other keys of train.debias)."""
     cfg = DebiasConfig(method=method, **options)
     return QAModel(model.encoder, model.head, model.head_name, model.null_answer,
-                   debias=debias_for(model.encoder, model.head_name, cfg, prior))
+                   debias=debias_for(model.encoder, model.head_name, cfg, bias))
 
 
 # ------------------------------------------------------------------------------------------ losses
@@ -85,15 +91,23 @@ def test_model_loss_with_a_uniform_prior_equals_the_heads_loss(tokenizer, feats)
     assert abs(debiased(base, "bias_product", peaked_prior(96, 5)).eval()(batch, targets)["loss"] - plain) > 0.1
 
 
-def test_bias_product_and_learned_mixin_losses_by_hand(tokenizer, feats):
-    """CE(log p_main + g · log b) with b read at each candidate's context offset (or [CLS]), over the
-    head's candidates, averaged over start and end: recomputed here one window at a time."""
+@pytest.mark.parametrize("level", ["token", "sentence"])
+def test_bias_product_and_learned_mixin_losses_by_hand(tokenizer, feats, dev_examples, level):
+    """CE(log p_main + g · log b) with b read at each candidate's context offset, or its sentence
+    (or [CLS]), over the head's candidates, averaged over start and end: recomputed here one window
+    at a time."""
     batch, targets = batch_and_targets(feats)
-    prior = answer_prior(feats, 96, smoothing=0.5)
+    if level == "token":
+        prior = answer_prior(feats, 96, smoothing=0.5)
+        at = lambda r, t, first: t - first  # noqa: E731
+    else:
+        prior = sentence_prior(feats, dev_examples[:12], smoothing=0.5)
+        at = lambda r, t, first: min(sentence_index(dev_examples[feats.example_index[r]].context,  # noqa: E731
+                                                    int(feats.offsets[r][t, 0])), SENTENCE_BUCKETS) - 1
     base = tiny_model(tokenizer).eval()
     logits = base.head.qa_outputs(base.encode(batch)).double()  # (b, s, 2)
     for method in ("bias_product", "learned_mixin"):
-        model = debiased(base, method, prior).eval()
+        model = debiased(base, method, prior, prior=level).eval()
         g = torch.ones(6, dtype=torch.float64)
         if method == "learned_mixin":
             cls_states = base.encode(batch)[torch.arange(6), batch["cls_index"]]
@@ -104,11 +118,11 @@ def test_bias_product_and_learned_mixin_losses_by_hand(tokenizer, feats):
             first = int(np.argmax(feats.offsets[r][:, 0] >= 0))
             for k, (p, gold) in enumerate(((prior.start, targets["start_positions"][r]),
                                             (prior.end, targets["end_positions"][r]))):
-                log_b = torch.tensor([math.log(prior.null if t == batch["cls_index"][r] else p[t - first])
+                log_b = torch.tensor([math.log(prior.null if t == batch["cls_index"][r] else p[at(r, t, first)])
                                       for t in cand], dtype=torch.float64)
                 combined = F.log_softmax(logits[r, cand, k], 0) + g[r] * log_b
                 manual.append(-F.log_softmax(combined, 0)[cand.index(int(gold))])
-        assert_close_to_scale(model(batch, targets)["loss"], torch.stack(manual).mean(), 1e-5, method)
+        assert_close_to_scale(model(batch, targets)["loss"], torch.stack(manual).mean(), 1e-5, (method, level))
 
 
 def test_learned_mixin_gate_gets_a_gradient(tokenizer, feats):
@@ -214,16 +228,160 @@ def test_prior_index_reads_offsets_in_the_windows_context(feats):
     assert prior.null == pytest.approx((counts[NULL] + 1) / denom)
 
 
-def test_the_task_computes_the_prior_from_the_training_features(tokenizer):
+# A paragraph of 3 sentences whose abbreviations (Dr., St., U.S.) a split at every ". " would take
+# for sentence ends; its sentence starts are written out by hand, not by the segmenter.
+PARAGRAPH = ("Dr. Smith moved to St. Louis in 1990. He taught at the U.S. Naval Academy for ten years. "
+             "His son was born there.")
+SENTENCE_STARTS = (0, PARAGRAPH.index("He taught"), PARAGRAPH.index("His son"))
+
+
+def hand_sentence(char: int) -> int:
+    """1-based sentence of PARAGRAPH holding character `char`."""
+    return sum(char >= s for s in SENTENCE_STARTS)
+
+
+def paragraph_features(tokenizer, answers, **windows):
+    examples = [QAExample(id=f"q{i}", question="Who?", context=PARAGRAPH, answers=[Answer(a, PARAGRAPH.index(a))])
+                for i, a in enumerate(answers)]
+    options = {"max_seq_len": 128, "doc_stride": 32, **windows}
+    return examples, build_qa_features(examples, tokenizer, max_query_len=8, train=True, version=1,
+                                       unanswerable_windows="cls", **options)
+
+
+def test_sentence_prior_of_answers_all_in_the_first_sentence(tokenizer):
+    examples, feats = paragraph_features(tokenizer, ["Smith", "St. Louis", "1990", "Dr. Smith"])
+    assert len(feats) == 4 and (feats.start_positions != feats.cls_index).all()  # one window each, no null
+    prior = sentence_prior(feats, examples, smoothing=1.0)
+    denom = 4 + (SENTENCE_BUCKETS + 1)
+    for p in (prior.start, prior.end):
+        assert len(p) == SENTENCE_BUCKETS and abs(p.sum() + prior.null - 1) < 1e-12
+        assert p.argmax() == 0 and p[0] == pytest.approx(5 / denom)
+        assert np.allclose(p[1:], 1 / denom)
+    assert prior.null == pytest.approx(1 / denom) and prior.unseen == pytest.approx(1 / denom)
+    assert prior.summary()["start_mode"] == 1  # sentence 1
+    back = AnswerPrior.from_dict(json.loads(json.dumps(prior.to_dict())))
+    assert back.level == "sentence" and np.array_equal(back.start, prior.start) and back.window_columns is None
+
+
+def assert_bias_is_the_sentence_prior(debias: Debias, feats, prior: AnswerPrior, padding_side: str = "right"):
+    """Every token of every window gets log p(its sentence) (start and end rows), by hand."""
+    batch = collate(feats, np.arange(len(feats)), pad_id=0, padding_side=padding_side, with_labels=True)
+    table = prior.log_table()[:, debias.table_columns(batch, torch.device("cpu"))]  # (2, b, s)
+    for r in range(len(feats)):
+        at = int(batch["pad_left"][r])  # window token j sits at column at + j
+        for j, (c, _) in enumerate(feats.offsets[r]):
+            if j == feats.cls_index[r]:
+                want = [prior.null, prior.null]
+            elif c < 0:
+                want = [prior.unseen, prior.unseen]  # question and separators
+            else:
+                k = hand_sentence(int(c))
+                want = [prior.start[k - 1], prior.end[k - 1]]
+            assert table[:, r, at + j].tolist() == pytest.approx([math.log(w) for w in want], rel=1e-6), (r, j)
+
+
+def test_each_token_gets_the_prior_of_its_sentence(tokenizer):
+    # Answers in sentences 1, 1, 1, 2, 3 and one from sentence 1 into 2, in short windows: some are
+    # labelled [CLS] (the null), later ones start inside sentence 2, the labelled windows give
+    # sentences 1, 2, 3 distinct start counts, and the start and end counts differ.
+    examples, feats = paragraph_features(tokenizer, ["Smith", "St. Louis", "1990", "Naval Academy", "son",
+                                                     "1990. He taught"], max_seq_len=24, doc_stride=8)
+    ctx_starts = [int(o[o[:, 0] >= 0][0, 0]) for o in feats.offsets]
+    assert any(hand_sentence(c) > 1 for c in ctx_starts)  # the sentence is the context's, not the window's
+    # sentencex agrees with the hand split at every token (a split at ". " would not: Dr., St., U.S.).
+    for o in feats.offsets:
+        for c in o[o[:, 0] >= 0, 0]:
+            assert sentence_index(PARAGRAPH, int(c)) == hand_sentence(int(c))
+    prior = sentence_prior(feats, examples, smoothing=0.5)
+    null = feats.start_positions == feats.cls_index
+    assert 0 < null.sum() < len(feats)
+    denom = len(feats) + 0.5 * (SENTENCE_BUCKETS + 1)
+    for p, labels in ((prior.start, feats.start_positions), (prior.end, feats.end_positions)):
+        counts = np.bincount([hand_sentence(int(feats.offsets[r][labels[r], 0])) - 1 for r in np.flatnonzero(~null)],
+                             minlength=SENTENCE_BUCKETS)
+        assert np.allclose(p, (counts + 0.5) / denom)
+    assert len(set(np.round(prior.start[:3], 12))) == 3 and not np.allclose(prior.start, prior.end)
+    assert prior.null == pytest.approx((null.sum() + 0.5) / denom)
+    debias = Debias("bias_product", 8, prior_level="sentence")
+    debias.set_prior(prior)
+    for side in ("right", "left"):
+        assert_bias_is_the_sentence_prior(debias, feats, prior, side)
+    # A table keyed by the token's index in the window's context instead of its sentence fails.
+    wrong = prior.window_columns.copy()
+    for r, o in enumerate(feats.offsets):
+        ctx = np.flatnonzero(o[:, 0] >= 0)
+        wrong[r, ctx] = OFFSET + np.minimum(np.arange(len(ctx)), SENTENCE_BUCKETS - 1)
+    debias.window_columns = torch.from_numpy(wrong)
+    with pytest.raises(AssertionError):
+        assert_bias_is_the_sentence_prior(debias, feats, prior)
+
+
+def test_sentences_past_the_cap_share_the_last_bucket(tokenizer):
+    context = " ".join(f"Line {i} ends." for i in range(1, 41))
+    answer = "Line 35"
+    examples = [QAExample(id="q", question="Which?", context=context, answers=[Answer(answer, context.index(answer))])]
+    feats = build_qa_features(examples, tokenizer, max_seq_len=256, doc_stride=32, max_query_len=8, train=True,
+                              version=1, unanswerable_windows="cls")
+    assert len(feats) == 1 and sentence_index(context, context.index(answer)) == 35
+    columns = sentence_columns(feats, examples)
+    ctx = np.flatnonzero(feats.offsets[0][:, 0] >= 0)
+    sentences = np.array([sentence_index(context, int(c)) for c in feats.offsets[0][ctx, 0]])
+    assert sentences.max() == 40
+    assert np.array_equal(columns[0, ctx], OFFSET + np.minimum(sentences, SENTENCE_BUCKETS) - 1)
+    prior = sentence_prior(feats, examples, smoothing=1.0)
+    assert prior.start.argmax() == prior.end.argmax() == SENTENCE_BUCKETS - 1
+
+
+def test_position_shifts_move_no_token_out_of_its_sentence(tokenizer, feats, dev_examples):
+    prior = sentence_prior(feats, dev_examples[:12])
+    debias = Debias("bias_product", 8, prior_level="sentence")
+    debias.set_prior(prior)
+    batch, _ = batch_and_targets(feats)
+    shift = random_padding({}, SimpleNamespace(data=SimpleNamespace(max_seq_len=512)))
+    moved = shift(batch, torch.Generator().manual_seed(0))
+    assert (moved["position_ids"] != torch.arange(batch["input_ids"].shape[1])).any()
+    cpu = torch.device("cpu")
+    assert torch.equal(debias.table_columns(moved, cpu), debias.table_columns(batch, cpu))
+
+
+def test_bias_product_with_a_uniform_sentence_prior_is_the_heads_loss(tokenizer, feats, dev_examples):
+    base = tiny_model(tokenizer).eval()
+    batch, targets = batch_and_targets(feats)
+    plain = base(batch, targets)["loss"]
+    columns = sentence_columns(feats, dev_examples[:12])
+    uniform = uniform_prior(SENTENCE_BUCKETS, "sentence", columns)
+    model = debiased(base, "bias_product", uniform, prior="sentence").eval()
+    assert_close_to_scale(model(batch, targets)["loss"], plain, 1e-6, "bias product, uniform sentence prior")
+    # Not vacuous: the windows span several sentences, and a prior peaked on one moves the loss.
+    peaked = peaked_prior(SENTENCE_BUCKETS, 1, level="sentence", columns=columns)
+    assert abs(debiased(base, "bias_product", peaked, prior="sentence").eval()(batch, targets)["loss"] - plain) > 0.1
+
+
+def test_the_prior_must_be_of_the_configured_level(feats, dev_examples):
+    with pytest.raises(ConfigError, match="train.debias.prior is 'token'"):
+        Debias("bias_product", 8).set_prior(sentence_prior(feats, dev_examples[:12]))
+    saved = AnswerPrior.from_dict(sentence_prior(feats, dev_examples[:12]).to_dict())  # no window table
+    debias = Debias("bias_product", 8, prior_level="sentence")
+    debias.set_prior(saved)
+    batch, _ = batch_and_targets(feats)
+    with pytest.raises(TrainingError, match="no sentence table"):
+        debias.table_columns(batch, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("level", ["token", "sentence"])
+def test_the_task_computes_the_prior_from_the_training_features(tokenizer, level):
     task = QATask()
-    cfg = build_config(tiny_config(train={"debias": {"method": "bias_product"}}))
+    cfg = build_config(tiny_config(train={"debias": {"method": "bias_product", "prior": level}}))
     ds = task.read("demo:train", cfg)
     examples = ds.examples[:30]
     feats = task.train_features(examples, tokenizer, cfg, ds)
-    expected = answer_prior(feats, cfg.data.max_seq_len, 1.0)
-    assert np.array_equal(task._answer_prior(ds, cfg.train.debias).start, expected.start)
+    expected = (answer_prior(feats, cfg.data.max_seq_len, 1.0) if level == "token"
+                else sentence_prior(feats, examples, 1.0))
+    prior = task._answer_prior(ds, cfg.train.debias)
+    assert prior.level == level and np.array_equal(prior.start, expected.start)
     model = task.build_model(cfg, tokenizer, ds)
-    assert model.debias.prior is task._answer_prior(ds, cfg.train.debias)
+    assert model.debias.prior is prior
+    assert (model.debias.window_columns is not None) == (level == "sentence")
     other = task.read("demo:dev", cfg)
     with pytest.raises(TrainingError, match="train.debias"):
         task.build_model(cfg, tokenizer, other)
@@ -239,6 +397,19 @@ def test_debias_is_off_by_default_and_leaves_config_and_hash_alone():
     assert build_config(on.to_dict()).hash() == on.hash()
 
 
+def test_the_prior_key_at_its_default_leaves_the_saved_config_and_hash_alone():
+    """`train.debias.prior: token` is what every debias config meant before the key existed."""
+    before = {"method": "learned_mixin", "gate": "cls", "entropy_weight": None, "smoothing": 1.0}
+    old = build_config(tiny_config(train={"debias": before}))
+    token = build_config(tiny_config(train={"debias": {"method": "learned_mixin", "prior": "token"}}))
+    assert token.train.debias.prior == "token" and "prior" not in token.to_dict()["train"]["debias"]
+    assert token.hash() == old.hash()
+    sentence = build_config(old.to_dict(), ["train.debias.prior=sentence"])
+    assert sentence.hash() != old.hash() and sentence.to_dict()["train"]["debias"]["prior"] == "sentence"
+    again = build_config(sentence.to_dict())
+    assert again.train.debias.prior == "sentence" and again.hash() == sentence.hash()
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["model.head=matrix", "train.debias.method=bias_product"], r"train.debias: head 'matrix' cannot"),
     (["train.debias.method=product"], "train.debias.method must be one of"),
@@ -248,6 +419,9 @@ def test_debias_is_off_by_default_and_leaves_config_and_hash_alone():
     (["train.debias.method=learned_mixin", "train.debias.gate=mean"], "train.debias.gate must be one of"),
     (["train.debias.method=entropy", "train.debias.gate=cls"], "train.debias.gate is read"),
     (["train.debias=yes"], "train.debias: expected a mapping"),
+    (["train.debias.method=bias_product", "train.debias.prior=word"], r"train.debias.prior must be one of \['tok"),
+    (["train.debias.method=learned_mixin", "train.debias.prior=3"], "train.debias.prior: expected str"),
+    (["train.debias.method=entropy", "train.debias.prior=sentence"], "train.debias.prior is read by bias_product"),
 ])
 def test_bad_debias_settings_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -280,6 +454,8 @@ def test_scores_are_the_main_models_alone(tokenizer, feats, head):
     ("learned_mixin", "dynamic_query", {"gate": "max"}),
     ("learned_mixin_h", "conditional_pointer", {"entropy_weight": 0.5}),
     ("entropy", "independent", {}),
+    ("bias_product", "independent", {"prior": "sentence"}),
+    ("learned_mixin", "conditional_pointer", {"prior": "sentence"}),
 ])
 def test_train_then_evaluate_with_each_method(tmp_path, method, head, extra):
     d = tiny_config(tmp_path, model={"head": head}, data={"max_train_examples": 16, "max_eval_examples": 12},
@@ -304,8 +480,11 @@ def test_train_then_evaluate_with_each_method(tmp_path, method, head, extra):
         return
     prior = AnswerPrior.from_dict(meta["debias"]["prior"])
     assert abs(prior.start.sum() + prior.null - 1) < 1e-9 and info["debias"]["prior"]["windows"] == prior.windows
+    level = extra.get("prior", "token")
+    assert prior.level == info["debias"]["prior"]["level"] == level
+    assert len(prior.start) == (SENTENCE_BUCKETS if level == "sentence" else 128)
     # Replace the saved prior by one that would move every prediction it entered: nothing changes.
-    meta["debias"]["prior"] = peaked_prior(len(prior.start), at=0).to_dict()
+    meta["debias"]["prior"] = peaked_prior(len(prior.start), at=len(prior.start) - 1, level=level).to_dict()
     (run / "best" / "posbias_model.json").write_text(json.dumps(meta), encoding="utf-8")
     second = evaluate("ev2")
     assert second["f1"] == first["f1"]
