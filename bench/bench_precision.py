@@ -286,10 +286,10 @@ def bare_eval(ckpt: str, data: str, dev: int | None, repeats: int) -> dict:
 
 class ForwardTimer:
     """Times, inside `posbias.evaluate`, the window loop (`qa.evaluate.run_windows`: collate, forward,
-    top-k candidates) and the model calls in it (forward and head, under the evaluation's autocast),
-    by wrapping `run_windows` and the model's `forward` for the duration of a `with` block. This
-    measures posbias's forward against the bare encoder's on the same batches without a timer in
-    the library."""
+    top-k candidates) and the model calls in it (forward and head, under the evaluation's autocast):
+    `run_windows` is wrapped, and the model gets torch forward (pre-)hooks, for the duration of a
+    `with` block. This measures posbias's forward against the bare encoder's on the same batches
+    without a timer in the library."""
 
     def __init__(self):
         self.forward_s = self.loop_s = 0.0
@@ -298,28 +298,23 @@ class ForwardTimer:
         import posbias.qa.evaluate as qe
 
         self._qe, self._orig = qe, qe.run_windows
-        timer = self
+        timer, started = self, []
+
+        def pre_hook(module, args):
+            started.append(time.perf_counter())
+
+        def hook(module, args, output):
+            timer.forward_s += time.perf_counter() - started.pop()
 
         def run_windows(model, features, **kw):
-            inner, own = model.forward, "forward" in model.__dict__  # own: e.g. the autocast wrapper
-
-            def forward(*a, **k):
-                t0 = time.perf_counter()
-                try:
-                    return inner(*a, **k)
-                finally:
-                    timer.forward_s += time.perf_counter() - t0
-
-            model.forward = forward
+            handles = [model.register_forward_pre_hook(pre_hook), model.register_forward_hook(hook)]
             t0 = time.perf_counter()
             try:
                 return timer._orig(model, features, **kw)
             finally:
                 timer.loop_s += time.perf_counter() - t0
-                if own:
-                    model.forward = inner
-                else:
-                    del model.forward
+                for h in handles:
+                    h.remove()
 
         qe.run_windows = run_windows
         return self
