@@ -15,7 +15,11 @@ over its finished seeds:
 * PSI = 1 − min/max and drop = max − min of the bucket F1s (per run, then mean ± std over seeds);
 * training cost: median train_seconds and wall_seconds per run, and the ratio to first/baseline's;
 * loss flatness: final training loss = mean of the last 10 logged `loss` points; the relative change
-  of the mean loss over the last 100 steps against the 100 steps before them (flat: |change| < 10%).
+  of the mean loss over the last 100 steps against the 100 steps before them (flat: |change| < 10%);
+* a third table for "how does an arm train" (issue 29's question why Random Padding hurts): the mean
+  training loss per block of 200 steps (about one epoch of the 3,000-question set) and the positions
+  trained: for the id ranges 0-127, 128-255 and 256-511, the mean over the range's ids of the % of
+  optimizer steps in which the id got a gradient (the store's `position_updates` curves).
 
 Everything per question comes from the store's `question_scores` of the main evaluation (eval set
 `val`: the runs' `data.eval_file`); the sentence buckets from the dev file (`posbias.qa.answer_sentence`,
@@ -56,6 +60,8 @@ LATER = BUCKETS[1:]  # "2+": answers in the second sentence or later
 FINAL_POINTS = 10
 WINDOW = 100
 FLAT = 0.10
+BLOCK = 200
+ID_RANGES = ((0, 127), (128, 255), (256, 511))
 LEVEL = 0.95
 
 
@@ -114,6 +120,22 @@ def loss_flatness(points: list[tuple[int, float]], *, final_points: int = FINAL_
     if not recent or not before or np.mean(before) == 0:
         return {"final": final, "change": None}
     return {"final": final, "change": float(np.mean(recent) / np.mean(before) - 1)}
+
+
+def loss_blocks(points: list[tuple[int, float]], *, block: int = BLOCK) -> list[float]:
+    """Mean logged loss per block of `block` steps: (0, block], (block, 2 block], ... up to the last step."""
+    points = sorted(points)
+    if not points:
+        return []
+    n = math.ceil(points[-1][0] / block)
+    return [float(np.mean(v)) if (v := [x for s, x in points if k * block < s <= (k + 1) * block]) else math.nan
+            for k in range(n)]
+
+
+def id_range_updates(fractions: dict[int, float], ranges=ID_RANGES) -> dict[str, float]:
+    """'lo-hi' -> mean over the ids lo..hi of the % of steps with a gradient (ids absent count 0)."""
+    return {f"{lo}-{hi}": 100 * float(np.mean([fractions.get(i, 0.0) for i in range(lo, hi + 1)]))
+            for lo, hi in ranges}
 
 
 def run_stats(scores: dict[str, float], labels: dict[str, str]) -> dict:
@@ -192,9 +214,12 @@ def build_report(store, dev: str | None = None, *, samples: int = 2000, seed: in
         if q["eval_set"] == eval_set:
             scores.setdefault(q["run"], {})[q["qid"]] = q["f1"]
     losses: dict[str, list] = {}
+    updates: dict[str, dict[int, float]] = {}  # run -> position id -> fraction of steps
     for c in results["curves"]:
         if c["kind"] == "loss":
             losses.setdefault(c["run"], []).append((c["step"], c["value"]))
+        elif c["kind"] == "position_updates":
+            updates.setdefault(c["run"], {})[c["step"]] = c["value"]
     status = {(f"{r['dataset']}/{r['method']}", r["seed"]): r["status"] for r in results["runs"]}
     expected = expected_arms(results)
     notes = []
@@ -279,6 +304,13 @@ def build_report(store, dev: str | None = None, *, samples: int = 2000, seed: in
         row["loss_change"] = float(np.mean(changes)) if changes else None
         row["loss_change_runs"] = changes
         row["flat"] = bool(changes) and all(abs(c) < FLAT for c in changes)
+        blocks = [loss_blocks(losses[r["name"]]) for r in by_arm[arm].values() if losses.get(r["name"])]
+        width = max(map(len, blocks), default=0)
+        row["loss_blocks"] = [mean_std([b[k] for b in blocks if k < len(b) and not math.isnan(b[k])])[0]
+                              for k in range(width)]
+        ranges = [id_range_updates(updates[r["name"]]) for r in by_arm[arm].values() if r["name"] in updates]
+        row["id_updates"] = {k: float(np.mean([u[k] for u in ranges])) for k in ranges[0]} if ranges else None
+        row["id_update_runs"] = len(ranges)
         rows.append(row)
 
     counts = {b: sum(labels[q] == b for q in common) for b in BUCKETS}
@@ -383,6 +415,16 @@ def render_markdown(report: dict) -> str:
         lines += [_table(head, body), "", "F1 by answer sentence (mean over seeds):", ""]
         lines.append(_table(["arm"] + [f"{b} (n={n[b]})" for b in BUCKETS],
                             [[r["arm"]] + [_f(r["by_bucket"][b]) for b in BUCKETS] for r in rows]))
+    if rows and any(r["loss_blocks"] or r["id_updates"] for r in rows):
+        width = max(len(r["loss_blocks"]) for r in rows)
+        ranges = [f"{lo}-{hi}" for lo, hi in ID_RANGES]
+        lines += ["", f"How each arm trained: mean training loss per {BLOCK} steps, and the % of steps in which a "
+                  "position id got a gradient (mean over the range's ids; over seeds):", ""]
+        lines.append(_table(["arm"] + [f"loss {k * BLOCK}-{(k + 1) * BLOCK}" for k in range(width)]
+                            + [f"ids {x}" for x in ranges],
+                            [[r["arm"]] + [_f(r["loss_blocks"][k], 3) if k < len(r["loss_blocks"]) else "–"
+                                           for k in range(width)]
+                             + [_f(r["id_updates"][x]) if r["id_updates"] else "–" for x in ranges] for r in rows]))
     dropped = [f"{r['arm']} {k}: {r[k]['dropped']}" for r in rows for k in ("gap", "gap_later")
                if r.get(k) and r[k]["dropped"]]
     notes = report["notes"] + ([f"bootstrap resamples without a gap (ceiling <= floor), left out: {', '.join(dropped)}"]

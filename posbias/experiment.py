@@ -258,6 +258,8 @@ CREATE TABLE IF NOT EXISTS segments (
 CREATE TABLE IF NOT EXISTS question_scores (
     run TEXT, eval_set TEXT, qid TEXT, exact REAL, f1 REAL, PRIMARY KEY (run, eval_set, qid)
 );
+-- Per-run series: `loss` and `val_<metric>` by training step; `position_updates` by position id (step
+-- column): the fraction of optimizer steps in which that position embedding got a gradient.
 CREATE TABLE IF NOT EXISTS curves (
     run TEXT, kind TEXT, step INTEGER, value REAL, PRIMARY KEY (run, kind, step)
 );
@@ -603,8 +605,23 @@ def collect_results(exp: Experiment, run: Run) -> dict:
     for r in _log_records(out / "eval_log.jsonl"):
         name, value = task.main_metric(r)
         curves[f"val_{name}", r["step"]] = value
+    curves.update(position_update_curve(out / "position_updates.json"))
     return {"metrics": metrics, "questions": questions, "segments": segments,
             "curves": [(kind, step, value) for (kind, step), value in curves.items()]}
+
+
+def position_update_curve(path: Path) -> dict:
+    """A run's position-embedding updates as curve points: ("position_updates", position id) -> the
+    fraction of optimizer steps in which that id got a gradient. Kept in the store (not only in the
+    run folder), so an archive made by `experiment copy` still holds the positions each run trained.
+    None for a run that wrote no counts; a damaged file counts as none."""
+    from .analysis.updates import PositionUpdateCounter
+
+    try:
+        fractions = PositionUpdateCounter.fractions(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {("position_updates", i): float(f) for i, f in enumerate(fractions)}
 
 
 def _log_records(path: Path) -> list[dict]:
@@ -666,6 +683,14 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
                         rows = src.execute(f"SELECT * FROM {table} WHERE run = ?", (row[0],)).fetchall()
                         if rows:
                             work.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+                    # A run recorded before the store kept position updates: take them from its folder
+                    # while it is still there.
+                    if not work.execute("SELECT 1 FROM curves WHERE run = ? AND kind = 'position_updates' LIMIT 1",
+                                        (row[0],)).fetchone():
+                        out = row[columns.index("output_dir")]
+                        points = position_update_curve(Path(out) / "position_updates.json") if out else {}
+                        work.executemany("INSERT INTO curves VALUES (?, ?, ?, ?)",
+                                         [(row[0], kind, step, value) for (kind, step), value in points.items()])
         tmp = dest_dir / "experiment.sqlite.tmp"
         tmp.unlink(missing_ok=True)
         with closing(sqlite3.connect(str(tmp))) as out:

@@ -417,6 +417,23 @@ def test_copy_archives_restores_and_joins_results(smoke, tmp_path):
         rows = lambda r: sorted(r[key], key=lambda x: json.dumps(x, sort_keys=True))  # noqa: E731
         assert rows(copied) == rows(original) and len(rows(copied)) > 0
     assert aggregate(copied, bootstrap_samples=200) == aggregate(original, bootstrap_samples=200)
+    # The positions each run trained travel with the archive: the plot needs no run folder.
+    updates = [c for c in copied["curves"] if c["kind"] == "position_updates"]
+    assert {c["run"] for c in updates} == set(res["copied"])
+    assert all(c["value"] == 1.0 for c in updates if c["step"] == 0)  # [CLS] is in every step
+    from posbias.analysis.report import plot_updates
+
+    gone = dict(copied, runs=[dict(r, output_dir=str(tmp_path / "gone")) for r in copied["runs"]])
+    assert plot_updates(gone, tmp_path / "updates.png").is_file()
+    # A store recorded before position updates were kept gets them from the run folders on copy.
+    older = tmp_path / "older"
+    posbias.experiment_copy(exp_dir, older)
+    with sqlite3.connect(older / "experiment.sqlite") as conn:
+        conn.execute("DELETE FROM curves WHERE kind = 'position_updates'")
+    posbias.experiment_copy(older, tmp_path / "older_archive")
+    def curves(r):
+        return sorted(json.dumps(c, sort_keys=True) for c in r["curves"])
+    assert curves(load_results(tmp_path / "older_archive")) == curves(copied)
     # Restore into a fresh working folder: every run counts as finished there.
     fresh = dict(spec, output_dir=str(tmp_path / "fresh"))
     posbias.experiment_copy(archive, tmp_path / "fresh")

@@ -89,6 +89,10 @@ def _store(tmp_path: Path, arms=ARMS, dev_in_spec: bool = True) -> Path:
                                  [(name, q, float(f1 == 1.0), f1) for q, f1 in scores.items()])
                 conn.executemany("INSERT INTO curves VALUES (?, 'loss', ?, ?)",
                                  [(name, step, v) for step, v in curve or []])
+                if arm == "first/halfway":  # positions: seed s trains ids 0..99 always, 256..(256 + 64 s) half the time
+                    conn.executemany("INSERT INTO curves VALUES (?, 'position_updates', ?, ?)",
+                                     [(name, i, 1.0) for i in range(100)]
+                                     + [(name, i, 0.5) for i in range(256, 256 + 64 * seed)])
         if "first/rpp" in arms:
             conn.execute("INSERT INTO runs (name, method, seed, dataset, status) "
                          "VALUES ('first/rpp/seed3', 'rpp', 3, 'first', 'running')")
@@ -169,6 +173,15 @@ def test_report_numbers(tmp_path):
     assert not floor["flat"]
     assert ceiling["loss_change"] is None and not ceiling["flat"]  # no curve in the store
 
+    # loss per 200 steps: 5.0 up to step 600, then before (610..700) and recent (710..800) in equal parts
+    assert half["loss_blocks"] == pytest.approx([5.0, 5.0, 5.0, (2.0 + 1.9) / 2])
+    assert floor["loss_blocks"] == pytest.approx([5.0, 5.0, 5.0, (1.0 + 0.85) / 2]) and ceiling["loss_blocks"] == []
+    # positions: ids 0-127 trained 100 of 128 always; 256-511: 64, 128, 192 of 256 ids half the time
+    assert half["id_updates"]["0-127"] == pytest.approx(100 * 100 / 128)
+    assert half["id_updates"]["128-255"] == 0
+    assert half["id_updates"]["256-511"] == pytest.approx(100 * 0.5 * (64 + 128 + 192) / 3 / 256)
+    assert floor["id_updates"] is None and half["id_update_runs"] == 3
+
     # missing runs are stated, not fatal
     rpp = rows["first/rpp"]
     assert rpp["runs"] == 2 and rpp["expected_runs"] == 3 and rpp["delta_f1"]["n"] == 2
@@ -179,6 +192,7 @@ def test_report_numbers(tmp_path):
     text = fsr.render_markdown(report)
     assert "| first/rpp | 2 of 3 |" in text and "0.50 [" in text and "-5.0% flat" in text
     assert "-15.0% not flat (3 of 3 runs)" in text and "| 1 (n=4) | 2 (n=4) |" in text
+    assert "| first/halfway | 5.000 | 5.000 | 5.000 | 1.950 | 78.1 | 0.0 | 25.0 |" in text
 
 
 def test_a_wrong_gap_formula_fails(tmp_path, monkeypatch):

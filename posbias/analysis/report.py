@@ -305,16 +305,30 @@ def plot_update_fractions(curves: dict[str, np.ndarray], path: Path, title: str)
 
 
 def plot_updates(results: dict, path: Path) -> Path | None:
-    """Position-embedding updates of an experiment, mean over each method's runs."""
+    """Position-embedding updates of an experiment, mean over each method's runs: from the store's
+    `position_updates` curves (an archive has them), else from a run folder's position_updates.json."""
     import json
 
     from .updates import PositionUpdateCounter
 
+    stored: dict = {}
+    for c in results["curves"]:
+        if c["kind"] == "position_updates":
+            stored.setdefault(c["run"], {})[c["step"]] = c["value"]
     by_method: dict = {}
     for r in results["runs"]:
-        f = Path(r["output_dir"]) / "position_updates.json"
-        if r["status"] == "finished" and f.is_file():
-            by_method.setdefault(r["method"], []).append(PositionUpdateCounter.fractions(json.loads(f.read_text(encoding="utf-8"))))
+        if r["status"] != "finished":
+            continue
+        if r["name"] in stored:
+            points = stored[r["name"]]
+            frac = np.zeros(max(points) + 1)
+            frac[list(points)] = list(points.values())
+        else:
+            f = Path(r["output_dir"]) / "position_updates.json"
+            if not f.is_file():
+                continue
+            frac = PositionUpdateCounter.fractions(json.loads(f.read_text(encoding="utf-8")))
+        by_method.setdefault(r["method"], []).append(frac)
     if not by_method:
         return None
     curves = {m: np.mean(by_method[m], axis=0) for m in results["methods"] if m in by_method}
