@@ -294,7 +294,8 @@ def run(args) -> int:
     elif args.command == "experiment" and args.action == "copy":
         res = api.experiment_copy(args.src, args.dest, force=args.force)
         print(f"copied {len(res['copied'])} finished run(s) from {res['source']} to {res['destination']}"
-              + (f" (replaced {len(res['replaced'])})" if res["replaced"] else ""))
+              + (f" (replaced {len(res['replaced'])})" if res["replaced"] else "")
+              + ("; its experiment.yaml replaced the destination's" if res.get("spec") == "replaced" else ""))
     elif args.command == "experiment" and args.action == "report":
         _print(api.experiment_report(args.dir, bootstrap_samples=args.bootstrap_samples, only=args.only,
                                      baseline=args.baseline, output_dir=args.output_dir))

@@ -644,7 +644,8 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
     them into a working folder (where `experiment run` then skips those runs), or joins the stores
     of machines that each ran a part of a grid with `--only`. A run finished in both with a different
     config hash is refused unless `force`. The destination's store is written through SQLite's
-    backup of a complete copy, so an interruption leaves it as it was.
+    backup of a complete copy, so an interruption leaves it as it was. The source's experiment.yaml
+    replaces the destination's ("spec": "copied", "replaced" or None when equal or absent).
     """
     from .utils import atomic_write_text
 
@@ -699,10 +700,19 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
         tmp.replace(dest_db)
         for suffix in ("-wal", "-shm"):  # a stale write-ahead log must not be replayed onto the new file
             (dest_dir / f"experiment.sqlite{suffix}").unlink(missing_ok=True)
-    if (src_dir / "experiment.yaml").is_file() and not (dest_dir / "experiment.yaml").is_file():
-        atomic_write_text(dest_dir / "experiment.yaml", (src_dir / "experiment.yaml").read_text(encoding="utf-8"))
+    # The source's spec comes along, as `experiment run` rewrites a folder's spec on every run: an
+    # archive refreshed while its grid grows (an arm added) then names the new arms too.
+    spec_src, spec_dest, spec = src_dir / "experiment.yaml", dest_dir / "experiment.yaml", None
+    if spec_src.is_file():
+        text = spec_src.read_text(encoding="utf-8")
+        if not spec_dest.is_file():
+            spec = "copied"
+        elif spec_dest.read_text(encoding="utf-8") != text:
+            spec = "replaced"
+        if spec:
+            atomic_write_text(spec_dest, text)
     return {"source": str(src_dir), "destination": str(dest_dir), "copied": [r[0] for r in finished],
-            "replaced": conflicts}
+            "replaced": conflicts, "spec": spec}
 
 
 # -------------------------------------------------------------------------------------- aggregation

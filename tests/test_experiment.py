@@ -447,6 +447,13 @@ def test_copy_archives_restores_and_joins_results(smoke, tmp_path):
         posbias.experiment_copy(other, archive)
     assert load_results(archive)["runs"] == original["runs"]  # untouched by the refused copy
     assert posbias.experiment_copy(other, archive, force=True)["replaced"] == ["context_softmax/seed1"]
+    # The grid grew (a method added to the spec): the source's spec replaces the archive's.
+    grown = yaml.safe_load((exp_dir / "experiment.yaml").read_text(encoding="utf-8"))
+    grown["methods"]["added"] = {}
+    (other / "experiment.yaml").write_text(yaml.safe_dump(grown, sort_keys=False))
+    assert posbias.experiment_copy(other, archive, force=True)["spec"] == "replaced"
+    assert "added" in load_results(archive)["spec"]["methods"]
+    assert posbias.experiment_copy(other, archive, force=True)["spec"] is None  # equal: untouched
     with pytest.raises(ConfigError, match="holds no experiment.sqlite"):
         posbias.experiment_copy(tmp_path / "nothing", archive)
 
