@@ -110,6 +110,11 @@ class DebiasConfig:
     the window)) or `sentence` (P(label in the k-th sentence of the context), every token of sentence
     k getting sentence k's value: Ko et al.'s `answer_stat`; `posbias.qa.debias`). Left out of the
     saved config and its hash at `token`, so runs set before the key existed keep theirs."""
+    bias_term: str = "log"
+    """What bias_product and learned-mixin(+H) add to the main model's log-softmax: `log` (log b,
+    Clark et al.'s product of experts) or `probability` (b itself, as the authors' code adds its
+    statistics: `start_logits + start_bias` in `BertForQuestionAnsweringAllSentProd`). Left out of the
+    saved config and its hash at `log`."""
 
 
 @dataclass
@@ -137,14 +142,18 @@ class QAConfig(RunConfig):
     """Training-time input perturbations, each `{name: ..., options...}`."""
 
     def to_dict(self) -> dict:
-        """The config as a dict; `train.debias` only when set, and its `prior` only when not `token`,
+        """The config as a dict; `train.debias` only when set, its `prior` only when not `token` and its
+        `bias_term` only when not `log`,
         so that configs without them (every run recorded before they existed) keep their saved form
         and their hash."""
         d = super().to_dict()
         if d["train"].get("debias") is None:
             d["train"].pop("debias", None)
-        elif d["train"]["debias"].get("prior") == "token":
-            d["train"]["debias"].pop("prior")  # the default, and the only prior before the key existed
+        else:
+            # The defaults, and the only values before the keys existed.
+            for key, default in (("prior", "token"), ("bias_term", "log")):
+                if d["train"]["debias"].get(key) == default:
+                    d["train"]["debias"].pop(key)
         return d
 
     def validate(self) -> None:

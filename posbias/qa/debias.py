@@ -7,6 +7,7 @@ The bias model b is the answer-position prior of the training windows (`answer_p
 main model's log p = log_softmax(logits) over the head's own candidates, for start and end alike:
 
     bias_product     L = CE(log p + log b)                          Clark §3.2.1 (b as a product of experts)
+                     (`bias_term: probability`: log b replaced by b, as the authors' code; below)
     learned_mixin    L = CE(log p + g(x) log b),  g(x) = softplus(w·h + c) >= 0    Clark §3.2.2
     learned_mixin_h  L_mixin + w_H · H(softmax(g(x) log b))         Clark §3.2.3 (the entropy penalty)
     entropy          L = L_head - λ · H(softmax_t cos(e_t, h_t))    Ko et al.'s entropy regularisation,
@@ -55,7 +56,12 @@ The prior, `train.debias.prior`, and where it follows or leaves the paper and it
   p = (count + α) / (N + α (L + 1)), N training windows, α = `train.debias.smoothing` (default 1).
   Candidates that are neither context nor [CLS] (the question under `softmax_over: all`) get the
   probability of an unseen outcome, α / (N + α (L + 1)). The authors' code adds unsmoothed
-  probabilities, not their logarithms, to the log-softmax; posbias follows Clark et al.'s log b.
+  probabilities, not their logarithms, to the log-softmax; posbias follows Clark et al.'s log b by
+  default, and adds b itself under `train.debias.bias_term: probability`. The two differ in
+  strength: on first-sentence answers only, the authors' sentence statistics are {sentence 1: 1.0},
+  a +1 on sentence 1's tokens and 0 elsewhere (e^1 between them), where log b puts sentence 2 and
+  later about log(N / α) below sentence 1 (8 nats for 3,000 windows). Under `probability` the
+  authors' 0 for [CLS] and the question are the smoothed null and unseen probabilities (≈ α / N).
 
 Shape legend: b batch, s sequence, d hidden, L prior length (data.max_seq_len, or SENTENCE_BUCKETS),
 n training windows, W the longest training window.
@@ -84,6 +90,7 @@ HEADS = ("independent", "dynamic_query", "conditional_pointer")
 
 PRIOR_METHODS = ("bias_product", *MIXIN)  # the methods whose bias model is the answer prior
 PRIORS = ("token", "sentence")  # train.debias.prior
+BIAS_TERMS = ("log", "probability")  # train.debias.bias_term
 NULL, UNSEEN, OFFSET = 0, 1, 2  # columns of the log-prior table: [CLS], other tokens, context offsets
 # Sentences 1 .. 31 and "32+" of the sentence prior. Above every answer sentence of SQuAD train (the
 # authors' statistics stop at their 0-based key 20; 17 in the bundled slice), so the cap only merges
@@ -126,6 +133,10 @@ def check_config(debias, head: str) -> None:
         raise ConfigError(f"train.debias.prior must be one of {list(PRIORS)}, got {debias.prior!r}")
     if debias.prior != "token" and debias.method not in PRIOR_METHODS:
         raise ConfigError(f"train.debias.prior is read by {', '.join(PRIOR_METHODS)} only, not {debias.method}")
+    if debias.bias_term not in BIAS_TERMS:
+        raise ConfigError(f"train.debias.bias_term must be one of {list(BIAS_TERMS)}, got {debias.bias_term!r}")
+    if debias.bias_term != "log" and debias.method not in PRIOR_METHODS:
+        raise ConfigError(f"train.debias.bias_term is read by {', '.join(PRIOR_METHODS)} only, not {debias.method}")
 
 
 # ------------------------------------------------------------------------------------------ prior
@@ -367,10 +378,11 @@ class Debias(nn.Module):
     the sentence prior, the sentence table of the training windows (never saved)."""
 
     def __init__(self, method: str, hidden_size: int, *, entropy_weight: float | None = None,
-                 gate: str | None = None, prior_level: str = "token"):
+                 gate: str | None = None, prior_level: str = "token", bias_term: str = "log"):
         super().__init__()
         self.method, self.entropy_weight, self.gate_input = method, entropy_weight, gate or "cls"
         self.prior_level = prior_level  # train.debias.prior
+        self.bias_term = bias_term  # train.debias.bias_term: log b or b added to the log-softmax
         # g(x) = softplus(w·h + c): Clark et al. §3.2.2; w·h of the [CLS] state (`cls`) or, as the
         # authors' code, its maximum over the tokens (`max`).
         self.gate = nn.Linear(hidden_size, 1) if method in MIXIN else None
@@ -433,7 +445,9 @@ class Debias(nn.Module):
                                 "features: the task's train_features builds it before build_model)")
         log_prior = self.log_prior.to(mask.device)  # a no-op once the model has moved with its buffers
         table = log_prior[:, self.table_columns(batch, mask.device)]  # (2, b, s): start, end
-        log_b = [table[0], table[1]]
+        if self.bias_term == "probability":  # the authors' code: b itself, not log b
+            table = table.exp()
+        log_b = [table[0], table[1]]  # the bias term: log b, or b
         if self.gate is not None:
             g = self.mixin_scale(tokens, batch)  # (b, 1)
             log_b = [g * x for x in log_b]
@@ -456,4 +470,4 @@ def make_debias(debias, head: str, encoder) -> Debias:
             raise ConfigError(f"train.debias.method entropy compares word embeddings with hidden states (cosine), "
                               f"but this encoder embeds at width {width} and its hidden size is {hidden}")
     return Debias(debias.method, hidden, entropy_weight=debias.entropy_weight, gate=debias.gate,
-                  prior_level=debias.prior)
+                  prior_level=debias.prior, bias_term=debias.bias_term)

@@ -91,11 +91,11 @@ def test_model_loss_with_a_uniform_prior_equals_the_heads_loss(tokenizer, feats)
     assert abs(debiased(base, "bias_product", peaked_prior(96, 5)).eval()(batch, targets)["loss"] - plain) > 0.1
 
 
-@pytest.mark.parametrize("level", ["token", "sentence"])
-def test_bias_product_and_learned_mixin_losses_by_hand(tokenizer, feats, dev_examples, level):
+@pytest.mark.parametrize("level, bias_term", [("token", "log"), ("sentence", "log"), ("sentence", "probability")])
+def test_bias_product_and_learned_mixin_losses_by_hand(tokenizer, feats, dev_examples, level, bias_term):
     """CE(log p_main + g · log b) with b read at each candidate's context offset, or its sentence
     (or [CLS]), over the head's candidates, averaged over start and end: recomputed here one window
-    at a time."""
+    at a time. `bias_term: probability` (the authors' code) adds g · b instead of g · log b."""
     batch, targets = batch_and_targets(feats)
     if level == "token":
         prior = answer_prior(feats, 96, smoothing=0.5)
@@ -107,7 +107,7 @@ def test_bias_product_and_learned_mixin_losses_by_hand(tokenizer, feats, dev_exa
     base = tiny_model(tokenizer).eval()
     logits = base.head.qa_outputs(base.encode(batch)).double()  # (b, s, 2)
     for method in ("bias_product", "learned_mixin"):
-        model = debiased(base, method, prior, prior=level).eval()
+        model = debiased(base, method, prior, prior=level, bias_term=bias_term).eval()
         g = torch.ones(6, dtype=torch.float64)
         if method == "learned_mixin":
             cls_states = base.encode(batch)[torch.arange(6), batch["cls_index"]]
@@ -118,8 +118,9 @@ def test_bias_product_and_learned_mixin_losses_by_hand(tokenizer, feats, dev_exa
             first = int(np.argmax(feats.offsets[r][:, 0] >= 0))
             for k, (p, gold) in enumerate(((prior.start, targets["start_positions"][r]),
                                             (prior.end, targets["end_positions"][r]))):
-                log_b = torch.tensor([math.log(prior.null if t == batch["cls_index"][r] else p[at(r, t, first)])
-                                      for t in cand], dtype=torch.float64)
+                b = [prior.null if t == batch["cls_index"][r] else p[at(r, t, first)] for t in cand]
+                log_b = torch.tensor(b if bias_term == "probability" else [math.log(x) for x in b],
+                                     dtype=torch.float64)
                 combined = F.log_softmax(logits[r, cand, k], 0) + g[r] * log_b
                 manual.append(-F.log_softmax(combined, 0)[cand.index(int(gold))])
         assert_close_to_scale(model(batch, targets)["loss"], torch.stack(manual).mean(), 1e-5, (method, level))
@@ -408,6 +409,11 @@ def test_the_prior_key_at_its_default_leaves_the_saved_config_and_hash_alone():
     assert sentence.hash() != old.hash() and sentence.to_dict()["train"]["debias"]["prior"] == "sentence"
     again = build_config(sentence.to_dict())
     assert again.train.debias.prior == "sentence" and again.hash() == sentence.hash()
+    # bias_term likewise: `log` is what every debias config meant before the key existed.
+    log = build_config(old.to_dict(), ["train.debias.bias_term=log"])
+    assert "bias_term" not in log.to_dict()["train"]["debias"] and log.hash() == old.hash()
+    prob = build_config(old.to_dict(), ["train.debias.bias_term=probability"])
+    assert prob.hash() != old.hash() and build_config(prob.to_dict()).train.debias.bias_term == "probability"
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -422,6 +428,8 @@ def test_the_prior_key_at_its_default_leaves_the_saved_config_and_hash_alone():
     (["train.debias.method=bias_product", "train.debias.prior=word"], r"train.debias.prior must be one of \['tok"),
     (["train.debias.method=learned_mixin", "train.debias.prior=3"], "train.debias.prior: expected str"),
     (["train.debias.method=entropy", "train.debias.prior=sentence"], "train.debias.prior is read by bias_product"),
+    (["train.debias.method=bias_product", "train.debias.bias_term=exp"], r"train.debias.bias_term must be one of"),
+    (["train.debias.method=entropy", "train.debias.bias_term=probability"], "train.debias.bias_term is read by"),
 ])
 def test_bad_debias_settings_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
