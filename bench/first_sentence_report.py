@@ -389,7 +389,9 @@ def render_markdown(report: dict) -> str:
              f"bootstrap over questions ({meta['samples']} resamples, seed {meta['seed']}). PSI = 1 − min/max, "
              "drop = max − min over the sentence buckets 1..5+. Cost: median seconds per run (× first/baseline). "
              f"Final loss: mean of the last {FINAL_POINTS} logged points; loss change: last {WINDOW} steps vs the "
-             f"{WINDOW} before (flat if |change| < {100 * FLAT:.0f}% in every run).", ""]
+             f"{WINDOW} before (flat if |change| < {100 * FLAT:.0f}% in every run). The loss is each arm's "
+             "training objective: for the de-biasing arms the ensemble's (plus learned-mixin+H's entropy "
+             "penalty), not the main model's alone.", ""]
     if not rows:
         lines.append("No finished runs with question scores.")
     else:
