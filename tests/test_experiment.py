@@ -336,7 +336,7 @@ def test_tagging_experiment_runs_and_reports(tmp_path):
     assert not any("bootstrap" in r for r in rows if r["metric"] != "F1")
     run = next(r for r in results["runs"] if r["name"] == "first_subtoken/seed1")
     kinds = {c["kind"] for c in results["curves"]}
-    assert kinds == {"loss", "val_f1"} and run["metrics"]["test"]["sentences"] == 150
+    assert kinds == {"loss", "val_f1", "position_updates"} and run["metrics"]["test"]["sentences"] == 150
     out = posbias.experiment_report(tmp_path / "exp", bootstrap_samples=200)
     md = (tmp_path / "exp" / "report.md").read_text(encoding="utf-8")
     assert "| test | F1 | all_subtokens |" in md and "| test | precision | first_subtoken |" in md
