@@ -614,7 +614,7 @@ def position_update_curve(path: Path) -> dict:
     """A run's position-embedding updates as curve points: ("position_updates", position id) -> the
     fraction of optimizer steps in which that id got a gradient. Kept in the store (not only in the
     run folder), so an archive made by `experiment copy` still holds the positions each run trained.
-    None for a run that wrote no counts; a damaged file counts as none."""
+    No points for a run that wrote no counts; a damaged file counts as none."""
     from .analysis.updates import PositionUpdateCounter
 
     try:
