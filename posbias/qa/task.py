@@ -41,6 +41,8 @@ class QATask:
             # The full prior is in each checkpoint's posbias_model.json.
             prior = self._answer_prior(train_ds, debias)
             info["debias"] = {"method": debias.method, "prior": prior.summary() if prior is not None else None}
+            if prior is not None:  # what the prior enters the loss as: log b (Clark et al.) or b (Ko et al.'s code)
+                info["debias"]["bias_term"] = debias.bias_term
         return info
 
     def train_features(self, examples, tokenizer, cfg, train_ds):

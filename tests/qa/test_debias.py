@@ -464,6 +464,7 @@ def test_scores_are_the_main_models_alone(tokenizer, feats, head):
     ("entropy", "independent", {}),
     ("bias_product", "independent", {"prior": "sentence"}),
     ("learned_mixin", "conditional_pointer", {"prior": "sentence"}),
+    ("bias_product", "independent", {"prior": "sentence", "bias_term": "probability"}),
 ])
 def test_train_then_evaluate_with_each_method(tmp_path, method, head, extra):
     d = tiny_config(tmp_path, model={"head": head}, data={"max_train_examples": 16, "max_eval_examples": 12},
@@ -490,6 +491,7 @@ def test_train_then_evaluate_with_each_method(tmp_path, method, head, extra):
     assert abs(prior.start.sum() + prior.null - 1) < 1e-9 and info["debias"]["prior"]["windows"] == prior.windows
     level = extra.get("prior", "token")
     assert prior.level == info["debias"]["prior"]["level"] == level
+    assert info["debias"]["bias_term"] == extra.get("bias_term", "log")
     assert len(prior.start) == (SENTENCE_BUCKETS if level == "sentence" else 128)
     # Replace the saved prior by one that would move every prediction it entered: nothing changes.
     meta["debias"]["prior"] = peaked_prior(len(prior.start), at=len(prior.start) - 1, level=level).to_dict()
