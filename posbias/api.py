@@ -120,7 +120,9 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
              **options) -> dict:
     """Position analyses of a model, by its task.
 
-    QA: answer-position quartiles, S_X segments (`xs`), position-update counts.
+    QA: the position bias (drop and PSI over answer-position quartiles and answer sentences, with
+    bootstrap intervals of option `bootstrap_samples` resamples, 2000; 0 for point values only),
+    answer-position quartiles, S_X segments (`xs`), position-update counts.
     Tagging: the duplicated-test-set evaluation F1(α) / Prec(α) / Rec(α) with shift mode, per
     class, consistency and data statistics; options `k_max` (10), `quantiles` ((0.25, 0.75); None
     for every sentence), `modes` (("duplicate", "shift")), `max_len`, `batch_tokens`
@@ -129,9 +131,13 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
     if _task_of(model, task) == "qa":
         from .qa.diagnose import diagnose as _diagnose
 
+        samples = options.pop("bootstrap_samples", 2000)
         if options:
             raise ConfigError(f"diagnose qa takes no option {sorted(options)[0]!r}")
-        return _diagnose(model, data, output_dir, xs=xs, overrides=overrides, progress=progress)
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise ConfigError(f"diagnose qa: bootstrap_samples must be an integer >= 0, got {samples!r}")
+        return _diagnose(model, data, output_dir, xs=xs, overrides=overrides, progress=progress,
+                         bias_samples=samples)
     from .tagging.diagnose import diagnose as _diagnose
 
     return _diagnose(model, data, output_dir, overrides=overrides, progress=progress, **options)

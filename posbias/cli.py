@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True)
     p.add_argument("--output-dir", required=True)
     p.add_argument("--x", type=int, nargs="+", default=[100], help="X of the S_X(1)/S_X(2) split, in tokens")
+    p.add_argument("--bootstrap-samples", type=int, default=2000,
+                   help="resamples for the position bias's intervals (default 2000; 0: point values only)")
     p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=512")
     _device_arg(p)
     p = ps["tagging"]
@@ -257,7 +259,7 @@ def run(args) -> int:
                                                                  if args.output_dir else ""))
     elif args.command == "diagnose" and args.task == "qa":
         res = api.diagnose(args.model, args.data, args.output_dir, xs=args.x, overrides=args.overrides, task="qa",
-                           progress=not args.quiet)
+                           progress=not args.quiet, bootstrap_samples=args.bootstrap_samples)
         print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"), end="")
         print(f"wrote {args.output_dir}/diagnosis.md, diagnosis.html, diagnosis.json and {len(res['plots'])} plot(s)")
     elif args.command == "diagnose":

@@ -158,3 +158,22 @@ def test_diagnose_writes_the_sentence_table_and_the_bias_first(tiny_run, tmp_pat
     saved = json.loads((out / "diagnosis.json").read_text(encoding="utf-8"))
     assert list(saved)[0] == "position_bias" and "by_answer_sentence" in saved["metrics"]
     assert "by_answer_sentence" in json.loads((out / "eval" / "metrics.json").read_text(encoding="utf-8"))
+
+
+def test_diagnose_cli_sets_the_bootstrap_resamples(tiny_run, tmp_path, capsys):
+    from posbias.cli import main
+
+    def run(out, samples):
+        return main(["-q", "diagnose", "qa", "--model", str(tiny_run / "best"), "--data", str(DEMO_DEV),
+                     "--output-dir", str(tmp_path / out), "--bootstrap-samples", samples, "data.max_eval_examples=12"])
+
+    assert run("d0", "0") == 0
+    bias = json.loads((tmp_path / "d0" / "diagnosis.json").read_text(encoding="utf-8"))["position_bias"]
+    assert any(bias.values())
+    for b in (b for b in bias.values() if b):
+        assert b["samples"] == 0 and b["drop_ci"] is None and b["psi_ci"] is None
+    assert "No intervals (0 bootstrap resamples)" in (tmp_path / "d0" / "diagnosis.md").read_text(encoding="utf-8")
+    capsys.readouterr()
+    assert run("bad", "-1") == 2
+    assert "bootstrap_samples must be an integer >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
