@@ -50,7 +50,9 @@ def _bias_block(bias: dict) -> tuple[list[str], list[list[str]], str]:
             "start, and the paragraph sentence holding the first gold answer (Ko et al. 2020); \"no answer\" "
             "questions are left out. "
             + (f"95% intervals: percentile bootstrap over questions resampled within each bucket ({samples:,} "
-               "resamples, seed 0)." if samples else "No intervals (0 bootstrap resamples)."))
+               "resamples, seed 0). The drop and PSI compare the best and worst of noisy bucket means, so "
+               "resampling biases them upwards: where buckets score alike, an interval can lie above its point "
+               "value." if samples else "No intervals (0 bootstrap resamples)."))
     return head, body, note
 
 
