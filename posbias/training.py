@@ -96,11 +96,14 @@ def _check_resume(cfg: RunConfig, ckpt: Path) -> None:
     new = cfg.to_dict()
     for section in new:
         a, b = old.get(section), new[section]
-        if isinstance(b, dict):
-            diff = [k for k in b if k not in RESUMABLE_CHANGES and a.get(k) != b[k]]
+        if isinstance(b, dict) and isinstance(a, dict):
+            # Both sides' keys: `to_dict` leaves out keys at None (`train.debias`), so a key only the
+            # checkpoint has was switched off.
+            diff = [k for k in (*b, *(k for k in a if k not in b))
+                    if k not in RESUMABLE_CHANGES and a.get(k) != b.get(k)]
             if diff:
                 raise ConfigError(f"cannot resume from {ckpt}: {section}.{diff[0]} changed "
-                                  f"({a.get(diff[0])!r} -> {b[diff[0]]!r})")
+                                  f"({a.get(diff[0])!r} -> {b.get(diff[0])!r})")
         elif a != b:
             raise ConfigError(f"cannot resume from {ckpt}: {section} changed ({a!r} -> {b!r})")
 

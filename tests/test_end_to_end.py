@@ -162,6 +162,18 @@ def test_resume_refuses_a_changed_config(trained):
         posbias.train(changed, resume="auto", progress=False)
 
 
+def test_resume_refuses_a_switched_off_debias(tmp_path):
+    from posbias.config import save_config
+    from posbias.training import _check_resume
+
+    d = tiny_config(tmp_path)
+    on = build_config({**d, "train": {**d["train"], "debias": {"method": "bias_product"}}})
+    save_config(on, tmp_path / "posbias.yaml")
+    _check_resume(on, tmp_path)  # unchanged: resumes
+    with pytest.raises(posbias.errors.ConfigError, match=r"train.debias changed \(\{'method': 'bias_product'.* -> None\)"):
+        _check_resume(build_config(d), tmp_path)
+
+
 def test_export_to_hugging_face_qa_model(trained, tmp_path):
     from transformers import AutoModelForQuestionAnswering
 
