@@ -309,6 +309,9 @@ class PositionBiasCallback(_callback_base()):
         tokenizer: the model's tokenizer.
         labels: the model's label names in id order (default: its config's id2label).
         k_max, quantiles, alphas, batch_tokens: as `posbias diagnose tagging`.
+        length_pool: files (CoNLL / CoNLL-U paths) or `TaggingDataset`s whose sentence lengths
+            pooled set D*'s bounds (the `quantiles` of them), as `data.length_pool_files`; the
+            authors pool train, dev and test. Default: `data`'s own lengths.
         metric_key_prefix: the Trainer's prefix ("eval").
         label_map: data class -> the model's, when the data names its classes otherwise.
         precision: `trainer` (default: bf16 / fp16 autocast when the TrainingArguments ask for it,
@@ -317,7 +320,8 @@ class PositionBiasCallback(_callback_base()):
 
     def __init__(self, data, tokenizer, *, labels: list[str] | None = None, k_max: int = 10,
                  quantiles=(0.25, 0.75), alphas=(1, 5, 10), batch_tokens: int = 16_384,
-                 metric_key_prefix: str = "eval", label_map: dict | None = None, precision: str = "trainer"):
+                 metric_key_prefix: str = "eval", label_map: dict | None = None, precision: str = "trainer",
+                 length_pool=None):
         from .precision import VALUES
 
         if precision != "trainer" and precision not in VALUES:
@@ -325,11 +329,26 @@ class PositionBiasCallback(_callback_base()):
         self.precision = precision
         from .tagging.readers import read_tagging
 
-        self.dataset = read_tagging(str(data)) if isinstance(data, (str, bytes)) or hasattr(data, "__fspath__") else data
+        def read(d):
+            return read_tagging(str(d)) if isinstance(d, (str, bytes)) or hasattr(d, "__fspath__") else d
+
+        self.dataset = read(data)
+        self.length_pool = None
+        if length_pool is not None:
+            import numpy as np
+
+            pool = [length_pool] if isinstance(length_pool, (str, bytes)) or hasattr(length_pool, "__fspath__") \
+                else list(length_pool)
+            if not pool:
+                raise ConfigError("length_pool must name at least one file or data set")
+            sets = [read(d) for d in pool]
+            self.length_pool = (np.array([len(e.words) for ds in sets for e in ds.examples], dtype=np.int64),
+                                [str(getattr(ds, "path", None) or d) for ds, d in zip(sets, pool)])
         self.tokenizer, self.labels, self.label_map = tokenizer, labels, label_map
         self.k_max, self.quantiles, self.alphas = k_max, quantiles, tuple(alphas)
         self.batch_tokens, self.prefix = batch_tokens, metric_key_prefix
         self.history: list[dict] = []
+        self.subset = None
         self.trainer = None
 
     def attach(self, trainer) -> "PositionBiasCallback":
@@ -356,7 +375,9 @@ class PositionBiasCallback(_callback_base()):
         dataset = align_labels(self.dataset, view.labels, view.scheme, self.label_map)
         with autocast(device, resolve_precision(spec, device, "precision")):
             result = position_eval(view, self.tokenizer, dataset, k_max=self.k_max, quantiles=self.quantiles,
-                                   modes=("duplicate",), batch_tokens=self.batch_tokens, progress=False)
+                                   modes=("duplicate",), batch_tokens=self.batch_tokens, progress=False,
+                                   length_pool=self.length_pool)
+        self.subset = result["subset"]  # D*'s bounds and sizes of the last evaluation
         flat = summary(result, alphas=self.alphas)
         key = result["metric"]
         keep = [f"{key}_alpha_{a}" for a in self.alphas if a <= self.k_max]

@@ -1,6 +1,7 @@
 """posbias.hf: collators that wrap Hugging Face collators, the F1(alpha) callback, under a real Trainer."""
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from transformers import (AutoTokenizer, BertConfig, BertForTokenClassification, DataCollatorForTokenClassification,
@@ -223,6 +224,37 @@ def test_f1_alpha_callback_follows_the_trainers_bf16(bert_tok, tmp_path):
     assert set(a) == set(b)
     with pytest.raises(ConfigError, match="precision must be trainer or one of"):
         PositionBiasCallback(conll, bert_tok, precision="half")
+
+
+def test_f1_alpha_callback_cuts_d_star_by_the_pooled_lengths(bert_tok, tmp_path):
+    """Default: D*'s bounds are quantiles of the test file's own lengths; `length_pool` pools other
+    files' (the authors pool train, dev and test)."""
+    from posbias.tagging.readers import read_tagging
+
+    def write(name, sentences):
+        path = tmp_path / name
+        path.write_text("\n\n".join("\n".join(f"{w} {t}" for w, t in zip(*s)) for s in sentences) + "\n",
+                        encoding="utf-8")
+        return path
+
+    test = write("test.conll", SENTENCES * 3)  # lengths 4, 3, 6, 1 three times: Q1-Q3 = [2.5, 4.5]
+    longest = write("train.conll", [SENTENCES[2]] * 5)  # only 6-word sentences
+    model = bert(bert_tok)
+    own = PositionBiasCallback(test, bert_tok, k_max=2, alphas=(1, 2))
+    own.position_metrics(model)
+    assert own.subset["length_bounds"] == [2.5, 4.5] and own.subset["subset_sentences"] == 6
+    assert own.subset["pool"] is None
+    pooled = PositionBiasCallback(test, bert_tok, k_max=2, alphas=(1, 2), length_pool=[longest, read_tagging(str(test))])
+    pooled.position_metrics(model)
+    # 5 six-word + 12 test sentences pooled
+    lengths = sorted([6] * 5 + [4, 3, 6, 1] * 3)
+    assert pooled.subset["length_bounds"] == pytest.approx(list(np.quantile(lengths, [0.25, 0.75])))
+    assert pooled.subset["pool_sentences"] == 17 and pooled.subset["pool"][0] == str(longest)
+    only_long = PositionBiasCallback(test, bert_tok, k_max=2, alphas=(1, 2), length_pool=longest)
+    only_long.position_metrics(model)
+    assert only_long.subset["length_bounds"] == [6.0, 6.0] and only_long.subset["subset_sentences"] == 3
+    with pytest.raises(ConfigError, match="length_pool must name"):
+        PositionBiasCallback(test, bert_tok, length_pool=[])
 
 
 def test_collators_default_to_the_authors_step(bert_tok, tmp_path):
