@@ -36,6 +36,7 @@ worker holds a copy, so pass `dataloader_num_workers=0` (the Trainer's default) 
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 
 import torch
@@ -329,16 +330,18 @@ class PositionBiasCallback(_callback_base()):
         self.precision = precision
         from .tagging.readers import read_tagging
 
+        def is_path(d) -> bool:
+            return isinstance(d, (str, bytes, os.PathLike))
+
         def read(d):
-            return read_tagging(str(d)) if isinstance(d, (str, bytes)) or hasattr(d, "__fspath__") else d
+            return read_tagging(str(d)) if is_path(d) else d
 
         self.dataset = read(data)
         self.length_pool = None
         if length_pool is not None:
             import numpy as np
 
-            pool = [length_pool] if isinstance(length_pool, (str, bytes)) or hasattr(length_pool, "__fspath__") \
-                else list(length_pool)
+            pool = [length_pool] if is_path(length_pool) else list(length_pool)
             if not pool:
                 raise ConfigError("length_pool must name at least one file or data set")
             sets = [read(d) for d in pool]
