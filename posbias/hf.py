@@ -334,7 +334,7 @@ class PositionBiasCallback(_callback_base()):
             return isinstance(d, (str, bytes, os.PathLike))
 
         def read(d):
-            return read_tagging(str(d)) if is_path(d) else d
+            return read_tagging(os.fsdecode(d)) if is_path(d) else d
 
         self.dataset = read(data)
         self.length_pool = None

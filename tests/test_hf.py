@@ -1,4 +1,5 @@
 """posbias.hf: collators that wrap Hugging Face collators, the F1(alpha) callback, under a real Trainer."""
+import os
 import warnings
 
 import numpy as np
@@ -253,6 +254,9 @@ def test_f1_alpha_callback_cuts_d_star_by_the_pooled_lengths(bert_tok, tmp_path)
     only_long = PositionBiasCallback(test, bert_tok, k_max=2, alphas=(1, 2), length_pool=longest)
     only_long.position_metrics(model)
     assert only_long.subset["length_bounds"] == [6.0, 6.0] and only_long.subset["subset_sentences"] == 3
+    as_bytes = PositionBiasCallback(test, bert_tok, k_max=2, alphas=(1, 2), length_pool=os.fsencode(longest))
+    as_bytes.position_metrics(model)
+    assert as_bytes.subset["length_bounds"] == [6.0, 6.0] and as_bytes.subset["pool"] == [str(longest)]
     with pytest.raises(ConfigError, match="length_pool must name"):
         PositionBiasCallback(test, bert_tok, length_pool=[])
 
