@@ -602,6 +602,8 @@ def collect_results(exp: Experiment, run: Run) -> dict:
     curves = {}  # (kind, step) -> value: a step logged twice counts once, with its last value
     for r in _log_records(out / "train_log.jsonl"):
         curves["loss", r["step"]] = r["loss"]
+        for k, v in (r.get("stats") or {}).items():  # the model's training scalars (learned-mixin gate)
+            curves[k, r["step"]] = v
     for r in _log_records(out / "eval_log.jsonl"):
         name, value = task.main_metric(r)
         curves[f"val_{name}", r["step"]] = value

@@ -33,7 +33,8 @@ and, for experiments (`posbias.experiment`):
 Output folder layout:
     config.yaml          the resolved config
     run_info.json        seed, versions, world size, data summary, status, timings
-    train_log.jsonl      loss, lr, examples/s, real tokens/s every `train.log_every` steps
+    train_log.jsonl      loss, lr, examples/s, real tokens/s every `train.log_every` steps; "stats": the
+                         model's `training_stats()` if it has them (train.debias's learned-mixin gate)
                          (with augment perturbations: the summed loss, tokens of every pass)
     eval_log.jsonl       metrics at every evaluation
     data_order/epoch-E.json   the epoch's batches as example ids (identical across methods for a seed)
@@ -352,6 +353,10 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
                    "examples_per_s": window["examples"] * acc.num_processes / dt,
                    "tokens_per_s": window["tokens"] * acc.num_processes / dt,
                    "padding_fraction": 1 - window["tokens"] / max(window["padded"], 1)}
+            # A model's own training scalars (e.g. the learned-mixin gate), over this process's batches.
+            stats = getattr(raw_model, "training_stats", lambda: {})()
+            if stats:
+                rec["stats"] = stats
             bar.set_postfix(loss=f"{rec['loss']:.3f}", ex_s=f"{rec['examples_per_s']:.1f}",
                             tok_s=f"{rec['tokens_per_s']:.0f}")
             if lines:
@@ -361,7 +366,8 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
                 with open(out / "train_log.jsonl", "a", encoding="utf-8") as f:
                     f.write(json.dumps(rec) + "\n")
             if log_with:
-                acc.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, step=step)
+                acc.log({f"train/{k}": v for k, v in {**rec, **rec.get("stats", {})}.items()
+                         if k not in ("step", "stats")}, step=step)
             window = {"loss": 0.0, "n": 0, "examples": 0, "tokens": 0, "padded": 0, "t0": time.perf_counter()}
 
         pause = time.perf_counter()  # evaluation and saving do not count towards throughput

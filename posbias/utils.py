@@ -142,15 +142,35 @@ def versions() -> dict:
         "tokenizers": tokenizers.__version__,
         "numpy": np.__version__,
     }
-    try:
-        repo = Path(__file__).resolve().parents[1]
-        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=5)
-        if commit.returncode == 0:
-            out["git_commit"] = commit.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
+    out.update(git_state(Path(__file__).resolve().parents[1]))
     return out
+
+
+def git_state(repo: Path) -> dict:
+    """`git_commit` (HEAD) and `git_dirty` (tracked files changed since it) of the checkout at
+    `repo`; {} when `repo` holds no .git (an installed package: git would otherwise walk up and
+    report whatever repository the environment happens to sit in) or git cannot say.
+
+    `safe.directory` names this one checkout: a checkout owned by another user (a container's
+    mount, a copied tree) otherwise fails git's ownership check, and the commit went unrecorded.
+    That lifts nothing new: whoever controls `repo` already controls the code being imported.
+    """
+    repo = Path(repo)
+    if not (repo / ".git").exists():
+        return {}
+    git = ["git", "-c", f"safe.directory={repo}", "-C", str(repo)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if head.returncode != 0:
+            return {}
+        out = {"git_commit": head.stdout.strip()}
+        status = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True, timeout=10)
+        if status.returncode == 0:
+            out["git_dirty"] = bool(status.stdout.strip())
+        return out
+    except (OSError, subprocess.SubprocessError):
+        return {}
 
 
 def now_iso() -> str:

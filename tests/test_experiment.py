@@ -122,6 +122,29 @@ def test_report_files(smoke):
         assert base64.b64encode(p.read_bytes()).decode() in page
         assert f"plots/{p.name}" in md
     assert res["rows"] == 2 * 2 * 2  # 2 eval sets x 2 metrics x 2 methods
+    # Which code trained the runs: this checkout's commit (the smoke runs trained in this process).
+    from posbias.utils import git_state
+    state = git_state(Path(posbias.__file__).resolve().parents[1])
+    code = state["git_commit"][:12] + (" + changes" if state["git_dirty"] else "") if state else "not recorded"
+    n = len(load_results(exp_dir)["runs"])
+    assert f"| {code} | posbias {posbias.__version__}, torch " in md and f" | {n} | " in md.split("## Code and versions")[1]
+
+
+def test_code_table_groups_runs_by_commit_and_versions():
+    from posbias.analysis.report import code_table
+    libs = {"posbias": "0.1.0", "torch": "2.13.0", "transformers": "5.24.0", "numpy": "2"}
+    runs = [{"name": "a/seed1", "status": "finished", "versions_json": json.dumps({**libs, "git_commit": "f" * 40,
+                                                                                   "git_dirty": False})},
+            {"name": "a/seed2", "status": "finished", "versions_json": json.dumps({**libs, "git_commit": "f" * 40,
+                                                                                   "git_dirty": False})},
+            {"name": "b/seed1", "status": "finished", "versions_json": json.dumps({**libs, "git_commit": "e" * 40,
+                                                                                   "git_dirty": True})},
+            {"name": "c/seed1", "status": "finished", "versions_json": json.dumps(libs)},  # an older record
+            {"name": "c/seed2", "status": "running", "versions_json": None}]
+    head, body = code_table(runs)
+    v = "posbias 0.1.0, torch 2.13.0, transformers 5.24.0"
+    assert body == [["f" * 12, v, "2", "a/seed1 … a/seed2"], ["e" * 12 + " + changes", v, "1", "b/seed1"],
+                    ["not recorded", v, "1", "c/seed1"]]
 
 
 def test_report_of_a_selection_against_another_baseline(smoke, tmp_path):
@@ -251,6 +274,17 @@ def test_aggregate_on_hand_made_rows():
     assert f1["new"]["ttest"]["diff"] == 2.0  # d = (1, 2, 3)
     assert f1["new"]["ttest"]["p"] == pytest.approx(0.0742, abs=1e-4)
     assert f1["new"]["bootstrap"]["diff"] == pytest.approx(10.0)  # per-question F1 0.6 vs 0.5, in points
+
+
+def test_the_learned_mixin_gate_is_stored_as_a_curve(tmp_path):
+    spec = smoke_spec(tmp_path, seeds=[1], eval_sets={}, segments=[],
+                      methods={"mixin": {"train": {"debias": {"method": "learned_mixin"}}}})
+    spec["overrides"] = {**spec["overrides"], "train": {"max_steps": 3, "eval_every": 3, "log_every": 1}}
+    posbias.experiment_run(spec, progress=False)
+    curves = load_results(tmp_path / "exp")["curves"]
+    gate = {c["step"]: c["value"] for c in curves if c["kind"] == "debias_gate_mean"}
+    low = {c["step"]: c["value"] for c in curves if c["kind"] == "debias_gate_min"}
+    assert sorted(gate) == [1, 2, 3] and all(0 < low[k] <= gate[k] for k in gate)
 
 
 def test_segments_flow_into_store_and_report(tmp_path):

@@ -335,6 +335,23 @@ def plot_updates(results: dict, path: Path) -> Path | None:
     return plot_update_fractions(curves, path, "Position-embedding updates (mean over seeds)")
 
 
+def code_table(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """One row per distinct (commit, library versions) among the finished runs, with their count and
+    first and last run name: which code produced which records."""
+    groups: dict = {}
+    for r in runs:
+        if r["status"] != "finished":
+            continue
+        v = json.loads(r.get("versions_json") or "{}")
+        commit = v.get("git_commit")
+        code = "not recorded" if not commit else commit[:12] + (" + changes" if v.get("git_dirty") else "")
+        libs = ", ".join(f"{k} {v[k]}" for k in ("posbias", "torch", "transformers") if k in v)
+        groups.setdefault((code, libs), []).append(r["name"])
+    body = [[code, libs, str(len(names)), names[0] if len(names) == 1 else f"{names[0]} … {names[-1]}"]
+            for (code, libs), names in groups.items()]
+    return ["code", "versions", "runs", "runs (first … last)"], body
+
+
 # ------------------------------------------------------------------------------------------ render
 def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | None = None,
                  baseline: str | None = None, output_dir=None) -> dict:
@@ -421,6 +438,13 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
                 "the two answers share no token, else a more precise boundary (Random Padding paper §6.2).")
         md += ["## How the method improves", "", note, "", _md_table(ih, ib), ""]
         htm += ["<h2>How the method improves</h2>", f"<p>{html.escape(note)}</p>", _html_table(ih, ib)]
+    ch, cb = code_table(runs)
+    if cb:
+        note = ("The code each finished run was trained with: the posbias checkout's commit, `+ changes` when "
+                "tracked files differed from it, `not recorded` for runs of a posbias that did not record it "
+                "(or not run from a git checkout).")
+        md += ["## Code and versions", "", note, "", _md_table(ch, cb), ""]
+        htm += ["<h2>Code and versions</h2>", f"<p>{html.escape(note.replace('`', ''))}</p>", _html_table(ch, cb)]
     md += ["## Plots", ""]
     htm += ["<h2>Plots</h2>"]
     for title, p in figures:

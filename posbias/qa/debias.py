@@ -391,6 +391,26 @@ class Debias(nn.Module):
         # Sentence prior: (n, W) its window_columns. A plain attribute, moved to the batch's device at
         # first use: as a buffer, DDP would broadcast its n × W bytes at every step.
         self.window_columns: torch.Tensor | None = None
+        # g(x) over the training rows since training_stats(): (sum, count, min, max), constant memory
+        # for a loop that never asks.
+        self._gate_seen: tuple | None = None
+
+    def training_stats(self) -> dict:
+        """The learned-mixin gate g(x) over the training rows since the last call (mean, min, max),
+        then forgotten: what the bias term was scaled by. {} for the other methods or before a batch."""
+        if self._gate_seen is None:
+            return {}
+        total, n, low, high = self._gate_seen
+        self._gate_seen = None
+        return {"debias_gate_mean": total.item() / n, "debias_gate_min": low.item(), "debias_gate_max": high.item()}
+
+    def _see_gate(self, g: torch.Tensor) -> None:
+        g = g.detach().float()  # (b,)
+        seen = (g.sum(), len(g), g.min(), g.max())
+        if self._gate_seen is not None:  # no .item() here: no device sync per step
+            total, n, low, high = self._gate_seen
+            seen = (total + seen[0], n + seen[1], torch.minimum(low, seen[2]), torch.maximum(high, seen[3]))
+        self._gate_seen = seen
 
     @property
     def needs_word_embeddings(self) -> bool:
@@ -450,6 +470,8 @@ class Debias(nn.Module):
         log_b = [table[0], table[1]]  # the bias term: log b, or b
         if self.gate is not None:
             g = self.mixin_scale(tokens, batch)  # (b, 1)
+            if self.training:
+                self._see_gate(g[:, 0])
             log_b = [g * x for x in log_b]
         loss = (ensemble_cross_entropy(scores["start_logits"], log_b[0], mask, targets["start_positions"])
                 + ensemble_cross_entropy(scores["end_logits"], log_b[1], mask, targets["end_positions"])) / 2

@@ -83,6 +83,11 @@ class QAModel(nn.Module):
             words = to_float(self.encoder.get_input_embeddings()(batch["input_ids"]))  # (b, s, d)
         return self.debias.loss(out, tokens, batch, targets, head_mask(self.head, batch), words)
 
+    def training_stats(self) -> dict:
+        """Scalars of the training objective since the last call (`posbias.training` logs them with
+        the loss): the learned-mixin gate's, with `train.debias`; {} otherwise."""
+        return self.debias.training_stats() if self.debias is not None else {}
+
     def meta(self) -> dict:
         """What a checkpoint needs, besides the config, to rebuild this model; with `train.debias`,
         also its method and answer prior (a record of the run: predictions never read it)."""

@@ -137,6 +137,39 @@ def test_learned_mixin_gate_gets_a_gradient(tokenizer, feats):
         assert g.bias.grad.abs().sum() > 0, gate
 
 
+def test_training_stats_report_the_gate_the_bias_was_scaled_by(tokenizer, feats):
+    prior = answer_prior(feats, 96)
+    model = debiased(tiny_model(tokenizer), "learned_mixin", prior, gate="cls")
+    for m in model.modules():  # training mode without dropout: the hand computation sees the same states
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    assert model.training_stats() == {}  # before a batch
+    seen = []
+    for rows in (np.arange(4), np.arange(4, 8)):  # two batches, then one read
+        batch = collate(feats, rows, pad_id=0, with_labels=True)
+        targets = {k: batch[k] for k in ("start_positions", "end_positions")}
+        model.train()
+        model(batch, targets)
+        with torch.no_grad():  # g(x) = softplus(w . h_[CLS] + c), by hand
+            h = model.encode(batch)[torch.arange(4), batch["cls_index"]]
+            seen.append(F.softplus(model.debias.gate(h)).squeeze(-1).double())
+    g = torch.cat(seen)
+    stats = model.training_stats()
+    assert stats["debias_gate_mean"] == pytest.approx(g.mean().item(), rel=1e-5)
+    assert stats["debias_gate_min"] == pytest.approx(g.min().item(), rel=1e-5)
+    assert stats["debias_gate_max"] == pytest.approx(g.max().item(), rel=1e-5)
+    assert g.max() > g.min()  # distinct rows: min, mean and max are three different checks
+    assert model.training_stats() == {}  # read once, then forgotten
+    batch, targets = batch_and_targets(feats)
+    model.eval()
+    model(batch, targets)  # an evaluation pass with targets is not training
+    assert model.training_stats() == {}
+    model.train()
+    plain = debiased(tiny_model(tokenizer), "bias_product", prior)
+    plain(batch, targets)
+    assert plain.training_stats() == {}  # no gate
+
+
 def test_learned_mixin_h_adds_the_entropy_of_the_scaled_prior(tokenizer, feats):
     batch, targets = batch_and_targets(feats)
     prior = answer_prior(feats, 96)
@@ -477,6 +510,10 @@ def test_train_then_evaluate_with_each_method(tmp_path, method, head, extra):
     meta = json.loads((run / "best" / "posbias_model.json").read_text(encoding="utf-8"))
     weights = load_file(str(run / "best" / "model.safetensors"))
     assert ("debias.gate.weight" in weights) == method.startswith("learned_mixin")
+    # The gate is logged with the loss at every log step (tiny_config logs every step).
+    log = [json.loads(line) for line in (run / "train_log.jsonl").read_text(encoding="utf-8").splitlines()]
+    gates = [r.get("stats", {}).get("debias_gate_mean") for r in log]
+    assert len(log) == 2 and all((g is not None and g > 0) == method.startswith("learned_mixin") for g in gates)
     assert not any(k.startswith("debias.log_prior") for k in weights)  # the prior is JSON, not a tensor
     evaluate = lambda out: posbias.evaluate(run / "best", DEMO_DEV, tmp_path / out,  # noqa: E731
                                             overrides=["data.max_eval_examples=12"], progress=False)
