@@ -534,6 +534,9 @@ def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launche
         summary = train(run.config, resume="auto" if resumable else None, overwrite=not resumable,
                         progress=progress)
     results = collect_results(exp, run)
+    # The code that trained it: the versions its training recorded when it (re)started, not this
+    # moment's (the checkout may have moved on while it trained).
+    trained_with = json.loads((run.output_dir / "run_info.json").read_text(encoding="utf-8")).get("versions")
     with conn:  # one transaction: a run is recorded whole or not at all
         for table in ("segments", "question_scores", "curves"):
             conn.execute(f"DELETE FROM {table} WHERE run = ?", (run.name,))
@@ -549,7 +552,7 @@ def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launche
         conn.execute("UPDATE runs SET status='finished', finished=?, wall_seconds=?, train_seconds=?, "
                      "metrics_json=?, versions_json=? WHERE name=?",
                      (now_iso(), time.time() - t0, summary.get("train_seconds"),
-                      json.dumps(results["metrics"]), json.dumps(versions()), run.name))
+                      json.dumps(results["metrics"]), json.dumps(trained_with or versions()), run.name))
     return results
 
 

@@ -276,6 +276,19 @@ def test_aggregate_on_hand_made_rows():
     assert f1["new"]["bootstrap"]["diff"] == pytest.approx(10.0)  # per-question F1 0.6 vs 0.5, in points
 
 
+def test_a_run_is_recorded_with_the_code_it_trained_with(tmp_path, monkeypatch):
+    # The checkout moves on while a run trains (a commit, an edit): the store keeps what the run's
+    # training recorded at its start, not what the checkout is when the run is recorded.
+    import posbias.training
+    at_start = {"posbias": posbias.__version__, "git_commit": "a" * 40, "git_dirty": False}
+    monkeypatch.setattr(posbias.training, "versions", lambda: dict(at_start))
+    spec = smoke_spec(tmp_path, seeds=[1], eval_sets={}, segments=[], methods={"only": {}})
+    spec["overrides"] = {**spec["overrides"], "train": {"max_steps": 1, "eval_every": 1, "log_every": 1}}
+    posbias.experiment_run(spec, progress=False)
+    run = load_results(tmp_path / "exp")["runs"][0]
+    assert json.loads(run["versions_json"]) == at_start
+
+
 def test_the_learned_mixin_gate_is_stored_as_a_curve(tmp_path):
     spec = smoke_spec(tmp_path, seeds=[1], eval_sets={}, segments=[],
                       methods={"mixin": {"train": {"debias": {"method": "learned_mixin"}}}})
