@@ -1,6 +1,7 @@
 """Small shared helpers: atomic file writes, run metadata, seeding."""
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -142,8 +143,16 @@ def versions() -> dict:
         "tokenizers": tokenizers.__version__,
         "numpy": np.__version__,
     }
-    out.update(git_state(Path(__file__).resolve().parents[1]))
+    out.update(_package_git_state())
     return out
+
+
+@functools.cache
+def _package_git_state() -> dict:
+    """git_state of this posbias's checkout, read once per process: the code a process runs is what
+    was on disk when it began, so a commit made while it trains (a long experiment grid) is not
+    the code of its later runs."""
+    return git_state(Path(__file__).resolve().parents[1])
 
 
 def git_state(repo: Path) -> dict:

@@ -85,3 +85,15 @@ def test_git_state_reads_a_checkout_owned_by_another_user(repo):
                            env={**os.environ, "GIT_CONFIG_GLOBAL": os.devnull})
     assert plain.returncode != 0  # the failure this guards against
     assert len(git_state(repo)["git_commit"]) == 40
+
+
+def test_versions_read_the_checkout_once_per_process(monkeypatch):
+    # A grid's later runs in the same process run the code it loaded, whatever is committed meanwhile.
+    import posbias.utils as utils
+    heads = iter([{"git_commit": "a" * 40, "git_dirty": False}, {"git_commit": "b" * 40, "git_dirty": False}])
+    monkeypatch.setattr(utils, "git_state", lambda repo: next(heads))
+    utils._package_git_state.cache_clear()
+    try:
+        assert utils.versions()["git_commit"] == utils.versions()["git_commit"] == "a" * 40
+    finally:
+        utils._package_git_state.cache_clear()
