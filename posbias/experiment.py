@@ -66,7 +66,9 @@ except ImportError:  # Windows: a locked byte instead of flock; both end with th
 # where eval_dir holds the run's predictions/nbest for those examples and checkpoint its model.
 # Position analyses (answer-position quartiles, S_X^(1)/S_X^(2)) register here (qa/positions.py), and
 # so does the gold answer length (qa/answer_length.py). A segmenter may carry `gold_only` (see
-# gold_segment_labels) and `check_options(options, key)`, called when the spec is loaded.
+# gold_segment_labels), `needs_checkpoint = False` (its labels come from the examples' text alone, so
+# an archived store without checkpoints can still recompute them) and `check_options(options, key)`,
+# called when the spec is loaded.
 
 SPEC_KEYS = {"name", "base", "overrides", "methods", "seeds", "datasets", "train_sizes", "eval_sets",
              "output_dir", "baseline", "segments", "description", "position_eval", "exclude"}
@@ -880,7 +882,9 @@ def gold_segment_labels(results: dict) -> dict:
                     if ek not in examples:
                         examples[ek] = _eval_examples(results, run, eval_set)
                     best = Path(run["output_dir"]) / "best"
-                    if examples[ek] is None or not best.is_dir():
+                    # Token positions need the run's tokenizer; answer sentences and lengths need only text.
+                    needs_best = getattr(SEGMENTERS.get(name), "needs_checkpoint", True)
+                    if examples[ek] is None or (needs_best and not best.is_dir()):
                         continue
                     cache[key] = SEGMENTERS.get(name)(examples[ek], None, best, **opts)
                 out[(run["name"], eval_set, label)] = cache[key]

@@ -130,6 +130,28 @@ def test_report_files(smoke):
     assert f"| {code} | posbias {posbias.__version__}, torch " in md and f" | {n} | " in md.split("## Code and versions")[1]
 
 
+def test_an_archive_keeps_the_bootstrap_of_segments_that_need_no_checkpoint(smoke, tmp_path):
+    # `experiment copy` leaves the checkpoints behind: answer lengths (text alone) can still be
+    # labelled per question, token positions (first_x_tokens: the run's tokenizer) cannot.
+    from posbias.experiment import aggregate_segments
+    archive = tmp_path / "archive"
+    posbias.experiment_copy(smoke[0], archive)
+    with sqlite3.connect(archive / "experiment.sqlite") as conn:  # the archive on another machine
+        conn.execute("UPDATE runs SET output_dir = ? || name", (str(tmp_path / "gone") + "/",))
+    conn.close()
+    results = load_results(archive)
+    by = {}
+    for r in aggregate_segments(results, bootstrap_samples=200):
+        if r["method"] != results["baseline"]:
+            by.setdefault(r["segmenter"], []).append("bootstrap" in r)
+    assert by["answer_length"] and all(by["answer_length"])
+    first_x = next(k for k in by if k.startswith("first_x_tokens"))
+    assert by[first_x] and not any(by[first_x])
+    live = [r for r in aggregate_segments(load_results(smoke[0]), bootstrap_samples=200)
+            if r["segmenter"].startswith("first_x_tokens") and r["method"] != results["baseline"]]
+    assert live and all("bootstrap" in r for r in live)  # with the checkpoints present
+
+
 def test_code_table_groups_runs_by_commit_and_versions():
     from posbias.analysis.report import code_table
     libs = {"posbias": "0.1.0", "torch": "2.13.0", "transformers": "5.24.0", "numpy": "2"}

@@ -423,8 +423,9 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
         note = ("Segments by gold answer position (`first_x_tokens`, `gold_position_quartile`), gold answer "
                 "sentence (`answer_sentence`) or gold answer length (`answer_length`: words of the shortest gold "
                 "answer) hold the same questions for every method: their Δ F1 is tested over seeds and by a paired "
-                "bootstrap over the segment's questions. Segments by predicted position differ by method "
-                "(t-test only).")
+                "bootstrap over the segment's questions (answer positions need each run's `best/` checkpoint for "
+                "its tokenizer: in a store copied without them that bootstrap is left empty). Segments by "
+                "predicted position differ by method (t-test only).")
         md += ["## Segments", "", note, "", _md_table(sh, sb), ""]
         htm += ["<h2>Segments</h2>", f"<p>{html.escape(note)}</p>", _html_table(sh, sb)]
     if improvements:

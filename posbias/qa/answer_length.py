@@ -92,4 +92,5 @@ def _check_options(options: dict, key: str) -> None:
 
 
 answer_length.gold_only = True  # depends on the gold answers only: the same questions for every method
+answer_length.needs_checkpoint = False  # text alone: an archive without checkpoints still gets its bootstrap
 answer_length.check_options = _check_options

@@ -50,4 +50,5 @@ def _check_options(options: dict, key: str) -> None:
 
 
 answer_sentence.gold_only = True  # depends on the gold answers only: the same questions for every method
+answer_sentence.needs_checkpoint = False  # text alone: an archive without checkpoints still gets its bootstrap
 answer_sentence.check_options = _check_options
