@@ -82,7 +82,7 @@ def test_git_state_reads_a_checkout_owned_by_another_user(repo):
             os.lchown(os.path.join(root, name), 4321, 4321)
     os.lchown(repo, 4321, 4321)
     plain = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                           env={**os.environ, "GIT_CONFIG_GLOBAL": os.devnull})
+                           env={**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"})
     assert plain.returncode != 0  # the failure this guards against
     assert len(git_state(repo)["git_commit"]) == 40
 
