@@ -536,9 +536,6 @@ def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launche
         summary = train(run.config, resume="auto" if resumable else None, overwrite=not resumable,
                         progress=progress)
     results = collect_results(exp, run)
-    # The code that trained it: the versions its training recorded when it (re)started, not this
-    # moment's (the checkout may have moved on while it trained).
-    trained_with = json.loads((run.output_dir / "run_info.json").read_text(encoding="utf-8")).get("versions")
     with conn:  # one transaction: a run is recorded whole or not at all
         for table in ("segments", "question_scores", "curves"):
             conn.execute(f"DELETE FROM {table} WHERE run = ?", (run.name,))
@@ -554,12 +551,14 @@ def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launche
         conn.execute("UPDATE runs SET status='finished', finished=?, wall_seconds=?, train_seconds=?, "
                      "metrics_json=?, versions_json=? WHERE name=?",
                      (now_iso(), time.time() - t0, summary.get("train_seconds"),
-                      json.dumps(results["metrics"]), json.dumps(trained_with or versions()), run.name))
+                      json.dumps(results["metrics"]), json.dumps(results["versions"] or versions()), run.name))
     return results
 
 
 def collect_results(exp: Experiment, run: Run) -> dict:
-    """Metrics, per-example scores, segment metrics and learning curves of a trained run.
+    """Metrics, per-example scores, segment metrics and learning curves of a trained run, and the
+    versions its training recorded when it (re)started (`run_info.json`): the code that trained it,
+    not the checkout's now, which may have moved on while it trained.
 
     The validation set is the run's `data.eval_file` (scored during training by its best
     checkpoint); each of the experiment's `eval_sets` is scored now with that checkpoint.
@@ -614,7 +613,8 @@ def collect_results(exp: Experiment, run: Run) -> dict:
         curves[f"val_{name}", r["step"]] = value
     curves.update(position_update_curve(out / "position_updates.json"))
     return {"metrics": metrics, "questions": questions, "segments": segments,
-            "curves": [(kind, step, value) for (kind, step), value in curves.items()]}
+            "curves": [(kind, step, value) for (kind, step), value in curves.items()],
+            "versions": info.get("versions")}
 
 
 def position_update_curve(path: Path) -> dict:

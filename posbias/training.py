@@ -366,8 +366,8 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
                 with open(out / "train_log.jsonl", "a", encoding="utf-8") as f:
                     f.write(json.dumps(rec) + "\n")
             if log_with:
-                acc.log({f"train/{k}": v for k, v in {**rec, **rec.get("stats", {})}.items()
-                         if k not in ("step", "stats")}, step=step)
+                acc.log({f"train/{k}": v for k, v in {**rec, **stats}.items() if k not in ("step", "stats")},
+                        step=step)
             window = {"loss": 0.0, "n": 0, "examples": 0, "tokens": 0, "padded": 0, "t0": time.perf_counter()}
 
         pause = time.perf_counter()  # evaluation and saving do not count towards throughput
