@@ -117,30 +117,35 @@ def score(data, predictions, na_probs=None, version: str = "auto", task: str = "
 
 
 def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool = True, task: str | None = None,
-             **options) -> dict:
-    """Position analyses of a model, by its task.
+             bootstrap_samples: int = 2000, min_bucket: int = 30, quality_floor: float = 20.0, **options) -> dict:
+    """Position analyses of a model, by its task; both open with the verdict (`posbias.analysis.verdict`):
+    the signed front − rear effect along position with a `bootstrap_samples` bootstrap interval
+    (0: point values only), buckets under `min_bucket` examples merged, and a warning when the
+    model's overall score is under `quality_floor` points. The returned dict's `verdict_lines` are
+    what `posbias diagnose` prints.
 
-    QA: the position bias (drop and PSI over answer-position quartiles and answer sentences, with
-    bootstrap intervals of option `bootstrap_samples` resamples, 2000; 0 for point values only),
-    answer-position quartiles, S_X segments (`xs`), position-update counts.
+    QA: answer-position quartiles and answer sentences, S_X segments (`xs`), position-update counts.
     Tagging: the duplicated-test-set evaluation F1(α) / Prec(α) / Rec(α) with shift mode, per
     class, consistency and data statistics; options `k_max` (10), `quantiles` ((0.25, 0.75); None
     for every sentence), `modes` (("duplicate", "shift")), `max_len`, `batch_tokens`
     (see `posbias.tagging.diagnose.diagnose`).
     """
+    if isinstance(bootstrap_samples, bool) or not isinstance(bootstrap_samples, int) or bootstrap_samples < 0:
+        raise ConfigError(f"diagnose: bootstrap_samples must be an integer >= 0, got {bootstrap_samples!r}")
+    if isinstance(min_bucket, bool) or not isinstance(min_bucket, int) or min_bucket < 1:
+        raise ConfigError(f"diagnose: min_bucket must be a positive integer, got {min_bucket!r}")
+    if isinstance(quality_floor, bool) or not isinstance(quality_floor, (int, float)) or not 0 <= quality_floor <= 100:
+        raise ConfigError(f"diagnose: quality_floor must be a number of points in 0..100, got {quality_floor!r}")
+    common = {"bias_samples": bootstrap_samples, "min_bucket": min_bucket, "quality_floor": float(quality_floor)}
     if _task_of(model, task) == "qa":
         from .qa.diagnose import diagnose as _diagnose
 
-        samples = options.pop("bootstrap_samples", 2000)
         if options:
             raise ConfigError(f"diagnose qa takes no option {sorted(options)[0]!r}")
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
-            raise ConfigError(f"diagnose qa: bootstrap_samples must be an integer >= 0, got {samples!r}")
-        return _diagnose(model, data, output_dir, xs=xs, overrides=overrides, progress=progress,
-                         bias_samples=samples)
+        return _diagnose(model, data, output_dir, xs=xs, overrides=overrides, progress=progress, **common)
     from .tagging.diagnose import diagnose as _diagnose
 
-    return _diagnose(model, data, output_dir, overrides=overrides, progress=progress, **options)
+    return _diagnose(model, data, output_dir, overrides=overrides, progress=progress, **common, **options)
 
 
 def explain_attention(model, question: str, context: str, output_dir, answer: str | None = None) -> dict:

@@ -25,6 +25,19 @@ def _tasks(sub, name, help_text, tasks=("qa", "tagging")):
     return {t: sp.add_parser(t, help=f"{help_text} ({TASKS[t]})") for t in tasks}
 
 
+def _verdict_args(p, examples: str) -> None:
+    """The options of the position-bias verdict that opens every diagnosis (`posbias.analysis.verdict`)."""
+    p.add_argument("--bootstrap-samples", type=int, default=2000,
+                   help="resamples for the verdict's intervals (default 2000; 0: point values only)")
+    p.add_argument("--min-bucket", type=int, default=30,
+                   help=f"fewest {examples} a position bucket needs to stand alone; smaller ones are merged with "
+                        "their neighbours (default 30)")
+    p.add_argument("--quality-floor", type=float, default=20.0,
+                   help="overall score (points) under which the report warns that the bias numbers mean little "
+                        "(default 20)")
+    p.add_argument("--verbose", action="store_true", help="print the whole diagnosis.md, not only the verdict")
+
+
 def _model_arg(p, what="posbias checkpoint or Hugging Face *ForQuestionAnswering / *ForTokenClassification folder"):
     p.add_argument("--model", "--checkpoint", dest="model", required=True, help=what)
 
@@ -100,8 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True)
     p.add_argument("--output-dir", required=True)
     p.add_argument("--x", type=int, nargs="+", default=[100], help="X of the S_X(1)/S_X(2) split, in tokens")
-    p.add_argument("--bootstrap-samples", type=int, default=2000,
-                   help="resamples for the position bias's intervals (default 2000; 0: point values only)")
+    _verdict_args(p, "questions")
     p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=512")
     _device_arg(p)
     p = ps["tagging"]
@@ -115,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", nargs="+", default=["duplicate", "shift"], choices=["duplicate", "shift"])
     p.add_argument("--max-len", type=int, default=None, help="tokens per input (default: the model's position table)")
     p.add_argument("--batch-tokens", type=int, default=16_384, help="padded tokens per forward batch")
+    _verdict_args(p, "sentences")
     p.add_argument("overrides", nargs="*", help="data overrides, e.g. data.format=conll data.tag=xpos")
     _device_arg(p)
 
@@ -257,18 +270,20 @@ def run(args) -> int:
             n = sum(len(v["words"]) for v in res.values())
             print(f"tagged {len(res)} sentences ({n} words)" + (f"; wrote {args.output_dir}/predictions.conll"
                                                                  if args.output_dir else ""))
-    elif args.command == "diagnose" and args.task == "qa":
-        res = api.diagnose(args.model, args.data, args.output_dir, xs=args.x, overrides=args.overrides, task="qa",
-                           progress=not args.quiet, bootstrap_samples=args.bootstrap_samples)
-        print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"), end="")
-        print(f"wrote {args.output_dir}/diagnosis.md, diagnosis.html, diagnosis.json and {len(res['plots'])} plot(s)")
     elif args.command == "diagnose":
-        res = api.diagnose(args.model, args.data, args.output_dir, overrides=args.overrides, task="tagging",
-                           progress=not args.quiet,
-                           k_max=args.k_max, quantiles=None if args.all_sentences else tuple(args.quantiles),
-                           modes=tuple(args.modes), max_len=args.max_len, batch_tokens=args.batch_tokens)
-        print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"), end="")
-        print(f"wrote {args.output_dir}/diagnosis.md, diagnosis.html, diagnosis.json and {len(res['plots'])} plot(s)")
+        verdict = {"bootstrap_samples": args.bootstrap_samples, "min_bucket": args.min_bucket,
+                   "quality_floor": args.quality_floor}
+        if args.task == "qa":
+            res = api.diagnose(args.model, args.data, args.output_dir, xs=args.x, overrides=args.overrides, task="qa",
+                               progress=not args.quiet, **verdict)
+        else:
+            res = api.diagnose(args.model, args.data, args.output_dir, overrides=args.overrides, task="tagging",
+                               progress=not args.quiet, **verdict,
+                               k_max=args.k_max, quantiles=None if args.all_sentences else tuple(args.quantiles),
+                               modes=tuple(args.modes), max_len=args.max_len, batch_tokens=args.batch_tokens)
+        if args.verbose:  # the whole report, then the verdict again at the bottom, where the eye lands
+            print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"))
+        print("\n".join(res["verdict_lines"]))
     elif args.command == "score" and args.task == "qa":
         _print(api.score(args.data, args.predictions, args.na_probs, args.version))
     elif args.command == "score":

@@ -98,16 +98,19 @@ def test_alpha_curve():
 
 
 def test_tagging_diagnosis_block():
-    from posbias.tagging.diagnose import _bias_block, position_bias as tagging_bias
+    from posbias.tagging.diagnose import _bias_block, position_verdict
 
     rows = lambda vals: [{"alpha": i + 1, "f1_mean": v} for i, v in enumerate(vals)]  # noqa: E731
-    result = {"metric": "f1", "subset": {"k_max": 3}, "duplicate": {"by_alpha": rows([90.0, 81.0, 72.0])},
-              "shift": {"skipped": "relative positions"}}
-    bias = tagging_bias(result)
-    assert list(bias) == ["duplicate"] and bias["duplicate"]["drop"] == pytest.approx(18.0)
-    head, body, note = _bias_block(result, bias)
-    assert head[2] == "drop = F1(1) − F1(3)" and body == [["duplicate", "1..3", "18.00", "0.200"]]
-    assert "No interval" in note
+    result = {"metric": "f1", "subset": {"k_max": 3, "evaluated_sentences": 50}, "summary": {"f1": 90.0},
+              "duplicate": {"by_alpha": rows([90.0, 81.0, 72.0])}, "shift": {"skipped": "relative positions"}}
+    bias = position_verdict(result, {})  # no per-sentence counts: the curve alone, no interval
+    assert list(bias["axes"]) == ["duplicate"] and bias["axes"]["duplicate"]["effect"] == pytest.approx(18.0)
+    assert bias["axes"]["duplicate"]["ci"] is None and bias["evidence"] == "no"  # no interval: no evidence claimed
+    headline, head, body, notes = _bias_block(result, bias)
+    assert headline == "Copy 3 scores 18.0 F1 lower than copy 1 (50 sentences, duplicate mode) [no interval]; evidence of position bias: no."
+    assert head[3] == "front − rear [95% CI]"
+    assert body[0][:4] == ["copy α, duplicate mode", "copy 1 (n=50): 90.0", "copy 3 (n=50): 72.0", "18.00"]
+    assert body[1][-1] == "skipped"
 
 
 # ------------------------------------------------------------------------------------- experiments
@@ -123,9 +126,9 @@ def _seg(run, segment, f1, n=10, segmenter="gold_position_quartile", eval_set="v
             "exact": f1, "f1": f1}
 
 
-def test_experiment_rows_mean_and_std_over_seeds():
-    by_sentence = lambda a, b: {"val": {"by_answer_sentence": {  # noqa: E731
-        "1": {"total": 5, "f1": a}, "2": {"total": 5, "f1": b}, NO_ANSWER: {"total": 5, "f1": 0.0}}}}
+def test_experiment_rows_signed_sized_effect_over_seeds():
+    by_sentence = lambda a, b: {"val": {"f1": 70.0, "by_answer_sentence": {  # noqa: E731
+        "1": {"total": 10, "f1": a}, "2": {"total": 10, "f1": b}, NO_ANSWER: {"total": 10, "f1": 0.0}}}}
     results = {
         "methods": ["base", "rpp"],
         "runs": [_run("base/seed1", by_sentence(80.0, 40.0)), _run("base/seed2", by_sentence(90.0, 60.0)),
@@ -142,24 +145,57 @@ def test_experiment_rows_mean_and_std_over_seeds():
             _seg("base/seed1", "S100(1)", 0.0, segmenter="first_x_tokens(x=100)"),  # not a bucketing here
             _seg("base/seed1", "S100(2)", 90.0, segmenter="first_x_tokens(x=100)"),
         ]}
-    rows = {(r["bucketing"], r["method"]): r for r in experiment_rows(results)}
+    rows = {(r["bucketing"], r["method"]): r for r in experiment_rows(results, min_size=10)}
     assert set(rows) == {("gold_position_quartile", "base"), ("gold_position_quartile", "rpp"),
                          ("answer_sentence", "base"), ("answer_sentence(last=3)", "rpp")}
-    q = rows["gold_position_quartile", "base"]  # drops 20 and 0 (the empty Q3 ignored); PSI 0.25 and 0
-    assert q["n_runs"] == 2 and q["drop_mean"] == pytest.approx(10.0) and q["psi_mean"] == pytest.approx(0.125)
-    assert q["drop_std"] == pytest.approx(math.sqrt(200)) and q["psi_std"] == pytest.approx(0.125 * math.sqrt(2))
-    s = rows["answer_sentence", "base"]  # from metrics.json: drops 40 and 30, PSI 0.5 and 1/3
-    assert s["drop_mean"] == pytest.approx(35.0) and s["psi_mean"] == pytest.approx((0.5 + 1 / 3) / 2)
-    r = rows["answer_sentence(last=3)", "rpp"]  # "no answer" left out: 60 - 30, 1 - 30/60
-    assert r["n_runs"] == 1 and r["drop_mean"] == 30.0 and r["psi_mean"] == 0.5 and math.isnan(r["drop_std"])
+    q = rows["gold_position_quartile", "base"]  # front − rear +20 and 0 (the empty Q3 ignored); PSI 0.25 and 0
+    assert q["n_runs"] == 2 and q["effect_mean"] == pytest.approx(10.0) and q["psi_mean"] == pytest.approx(0.125)
+    assert q["effect_std"] == pytest.approx(math.sqrt(200)) and q["psi_std"] == pytest.approx(0.125 * math.sqrt(2))
+    # t-interval over 2 seeds: 10 ± t(0.975, 1) x sqrt(200) / sqrt(2) = 10 ± 12.706 x 10
+    assert q["effect_ci"] == pytest.approx([10 - 127.062, 10 + 127.062], abs=0.01) and q["evidence"] == "no"
+    assert (q["front"], q["rear"], q["front_n"]) == ("Q1", "Q2", 10) and q["score_mean"] == 70.0
+    s = rows["answer_sentence", "base"]  # from metrics.json: 40 and 30, both seeds later sentences lower
+    assert s["effect_mean"] == pytest.approx(35.0) and s["psi_mean"] == pytest.approx((0.5 + 1 / 3) / 2)
+    # both seeds put later sentences lower, but two seeds 10 points apart give 35 ± 12.706 x 5: not resolved
+    assert s["effect_ci"] == pytest.approx([35 - 63.53, 35 + 63.53], abs=0.01) and s["evidence"] == "no"
+    r = rows["answer_sentence(last=3)", "rpp"]  # "no answer" left out: 30 - 60, later sentences score higher
+    assert r["n_runs"] == 1 and r["effect_mean"] == -30.0 and r["psi_mean"] == 0.5 and math.isnan(r["effect_std"])
+    assert r["effect_ci"] is None and r["evidence"] == "too few"  # one run: no interval over seeds
+
+
+def test_experiment_rows_merge_small_buckets_and_keep_the_sign():
+    # Q3 holds 6 questions and scores high (the demo model's case): it is merged into Q2, never the rear
+    # alone; the effect is front − rear, so a rear that scores higher gives a negative number.
+    results = {"methods": ["b"], "runs": [_run("b/seed1", {"val": {"f1": 57.0}}), _run("b/seed2", {"val": {"f1": 57.0}})],
+               "segments": [s for run in ("b/seed1", "b/seed2") for s in (
+                   _seg(run, "Q1 [0,96)", 56.8, n=330), _seg(run, "Q2 [96,192)", 55.6, n=97),
+                   _seg(run, "Q3 [192,288)", 82.8, n=6))]}
+    (row,) = experiment_rows(results)
+    assert (row["front"], row["rear"], row["rear_n"]) == ("Q1 [0,96)", "Q2–Q3 [96,288)", 103)
+    rear = (97 * 55.6 + 6 * 82.8) / 103
+    assert row["effect_mean"] == pytest.approx(56.8 - rear) and row["effect_std"] == 0
+    assert row["evidence"] == "reversed"  # two identical seeds: an interval of width 0 below 0
+    (few,) = experiment_rows({**results, "segments": [s for s in results["segments"] if s["segment"] != "Q1 [0,96)"]})
+    assert few["n_runs"] == 0 and few["evidence"] == "too few"  # Q2 + Q3 form one group: nothing to compare
+
+
+def test_experiment_rows_mark_a_method_under_the_quality_floor():
+    results = {"methods": ["b"], "runs": [_run("b/seed1", {"val": {"f1": 3.7}})],
+               "segments": [_seg("b/seed1", "Q1", 5.0, n=40), _seg("b/seed1", "Q2", 0.0, n=40)]}
+    (row,) = experiment_rows(results)
+    assert row["below_floor"] and row["psi_mean"] == 1.0  # PSI 1 from a model at F1 3.7: flagged
 
 
 def test_experiment_rows_of_a_tagging_alpha_curve():
-    m = {"test D*(k)": {"metric": "f1", "f1_by_alpha": [80.0, 70.0, 60.0], "shift_f1_by_alpha": [80.0, 80.0, 76.0]}}
-    results = {"methods": ["b"], "runs": [_run("b/seed1", m)], "segments": []}
+    m = {"test D*(k)": {"metric": "f1", "f1": 80.0, "evaluated_sentences": 200, "f1_by_alpha": [80.0, 70.0, 60.0],
+                        "shift_f1_by_alpha": [80.0, 80.0, 76.0]}}
+    results = {"methods": ["b"], "runs": [_run("b/seed1", m), _run("b/seed2", m)], "segments": []}
     rows = {r["bucketing"]: r for r in experiment_rows(results)}
-    assert rows["F1(α), duplicate"]["drop_mean"] == 20.0 and rows["F1(α), duplicate"]["psi_mean"] == 0.25
-    assert rows["F1(α), shift"]["drop_mean"] == 4.0 and rows["F1(α), shift"]["psi_mean"] == pytest.approx(0.05)
+    assert rows["F1(α), duplicate"]["effect_mean"] == 20.0 and rows["F1(α), duplicate"]["psi_mean"] == 0.25
+    assert rows["F1(α), shift"]["effect_mean"] == 4.0 and rows["F1(α), shift"]["psi_mean"] == pytest.approx(0.05)
+    assert rows["F1(α), duplicate"]["rear"] == "copy 3" and rows["F1(α), duplicate"]["evidence"] == "yes"
+    small = {"test D*(k)": {**m["test D*(k)"], "evaluated_sentences": 12}}
+    assert experiment_rows({**results, "runs": [_run("b/seed1", small)]}) [0]["evidence"] == "too few"
 
 
 def _store(exp_dir, segments=(), metrics=None):
@@ -189,15 +225,15 @@ def _store(exp_dir, segments=(), metrics=None):
 def test_experiment_report_shows_the_bias_first(tmp_path):
     from posbias.analysis.report import write_report
 
-    segs = [_seg("base/seed1", "Q1", 80.0), _seg("base/seed1", "Q2", 40.0),
-            _seg("rpp/seed1", "Q1", 70.0), _seg("rpp/seed1", "Q2", 56.0)]
+    segs = [_seg("base/seed1", "Q1", 80.0, n=40), _seg("base/seed1", "Q2", 40.0, n=40),
+            _seg("rpp/seed1", "Q1", 70.0, n=40), _seg("rpp/seed1", "Q2", 56.0, n=40)]
     _store(tmp_path / "exp", segs)
     write_report(tmp_path / "exp", bootstrap_samples=0)
     md = (tmp_path / "exp" / "report.md").read_text(encoding="utf-8")
     sections = [line for line in md.splitlines() if line.startswith("## ")]
     assert sections[:2] == ["## Position bias", "## Results"]
-    assert "| – | val | gold_position_quartile | base | 40.00 | 0.500 | 1 |" in md
-    assert "| – | val | gold_position_quartile | rpp | 14.00 | 0.200 | 1 |" in md
+    assert "| – | val | gold_position_quartile | base | Q1 (n=40) | Q2 (n=40) | 40.00 | – | 0.500 | 1 | too few" in md
+    assert "| – | val | gold_position_quartile | rpp | Q1 (n=40) | Q2 (n=40) | 14.00 | – | 0.200 | 1 | too few" in md
     page = (tmp_path / "exp" / "report.html").read_text(encoding="utf-8")
     assert page.index("<h2>Position bias</h2>") < page.index("<h2>Results</h2>")
     report = json.loads((tmp_path / "exp" / "report.json").read_text(encoding="utf-8"))

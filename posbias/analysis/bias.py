@@ -1,4 +1,6 @@
-"""One position-bias number per bucketing: the drop and the position sensitivity index. Pure functions.
+"""Position-bias numbers per bucketing: the drop, the position sensitivity index, and the per-run,
+per-method signed front − rear effect of experiment reports. Pure functions. The verdict a
+diagnosis opens with (sized buckets, signed effect, trend, evidence) is `posbias.analysis.verdict`.
 
 Given a score per position bucket (QA: F1 by gold-position quartile or by answer sentence, Ko et al.
 2020; tagging: F1(α) of the duplicated test sets, Ben Amor et al.):
@@ -21,6 +23,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .stats import mean_std
+from .verdict import MIN_BUCKET, QUALITY_FLOOR, bucket_rank, evidence, group_label, psi, sized_groups
+
+__all__ = ["NO_ANSWER", "QA_BUCKETINGS", "alpha_bias", "bucket_values", "drop", "experiment_rows", "position_bias",
+           "psi", "qa_position_bias", "sized_effect", "t_interval"]
+
 NO_ANSWER = "no answer"
 QA_BUCKETINGS = ("gold_position_quartile", "answer_sentence")
 """Segmenters whose buckets are answer positions fixed by the gold answers (the same questions for
@@ -33,13 +41,6 @@ def drop(means: Sequence[float]) -> float:
     """Best minus worst bucket score."""
     x = np.asarray(means, dtype=np.float64)
     return float(x.max() - x.min())
-
-
-def psi(means: Sequence[float]) -> float:
-    """Position sensitivity index 1 − min/max; 0 when the best bucket scores 0."""
-    x = np.asarray(means, dtype=np.float64)
-    hi = x.max()
-    return float(1 - x.min() / hi) if hi > 0 else 0.0
 
 
 def bucket_values(labels: Mapping[str, str], scores: Mapping[str, Sequence[float]], *, index: int = 1,
@@ -122,54 +123,110 @@ def _segmenter_name(label: str) -> str:
     return label.split("(", 1)[0]
 
 
-def experiment_rows(results: dict) -> list[dict]:
-    """Per data x train size x eval set x bucketing x method: mean ± sample std over seeds of each
-    run's drop and PSI (`load_results` output; no bootstrap here, the spread is over seeds).
+def t_interval(values: Sequence[float], level: float = LEVEL) -> list[float] | None:
+    """Student-t interval of the mean of `values` (over seeds); None with fewer than two."""
+    from scipy import stats
+
+    x = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=np.float64)
+    if len(x) < 2:
+        return None
+    half = float(stats.t.ppf((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return [float(x.mean() - half), float(x.mean() + half)]
+
+
+def sized_effect(buckets: Mapping[str, tuple[int, float]], min_size: int) -> dict | None:
+    """One run's front − rear effect from its bucket (size, score) pairs: buckets merged in position
+    order into groups of >= `min_size` (`verdict.sized_groups`), each group's score the size-weighted
+    mean of its buckets; front = first group, rear = last; PSI over the groups. None with fewer than
+    two sized groups."""
+    names = sorted((k for k, (n, _) in buckets.items() if n), key=lambda k: (bucket_rank(k), k))
+    groups = sized_groups([buckets[k][0] for k in names], min_size)
+    sized = []
+    for g in groups:
+        n = sum(buckets[names[i]][0] for i in g)
+        if n >= min_size:
+            score = sum(buckets[names[i]][0] * buckets[names[i]][1] for i in g) / n
+            sized.append({"label": group_label([names[i] for i in g]), "n": int(n), "score": float(score)})
+    if len(sized) < 2:
+        return None
+    return {"front": sized[0], "rear": sized[-1], "effect": sized[0]["score"] - sized[-1]["score"],
+            "psi": psi([g["score"] for g in sized]), "groups": len(sized)}
+
+
+def experiment_rows(results: dict, *, min_size: int | None = None, floor: float | None = None) -> list[dict]:
+    """Per data x train size x eval set x bucketing x method: the signed front − rear effect of each
+    run (`sized_effect`; tagging: F1(1) − F1(k_max) of the α curve), then its mean ± sample std over
+    seeds with a t-interval over seeds, PSI likewise, and the verdict word (`verdict.evidence` of
+    the seed-level interval; "too few" with one run or without two sized groups). `load_results`
+    output; no bootstrap here, the spread is over seeds.
 
     QA: from the store's `segments` of the gold-position segmenters (QA_BUCKETINGS), "no answer" and
     empty segments left out; runs whose eval set has no `answer_sentence` segments use the
     `by_answer_sentence` of their metrics.json (default buckets). Tagging: each position evaluation's
-    main-metric α curve (duplicate and shift mode)."""
-    from .stats import mean_std
-
+    main-metric α curve (duplicate and shift mode), sized by its evaluated sentences. `score_mean`:
+    the method's overall main metric on that eval set (F1 / accuracy), checked against `floor`."""
+    min_size = MIN_BUCKET if min_size is None else min_size
+    floor = QUALITY_FLOOR if floor is None else floor
     runs = {r["name"]: r for r in results["runs"] if r["status"] == "finished"}
-    # (run, eval set, bucketing, kind) -> {bucket: F1} ("buckets") or the α curve [F1(1), ...] ("alpha")
+    # (run, eval set, bucketing, kind) -> {bucket: (n, F1)} ("buckets") or the α curve ("alpha")
     per_run: dict = {}
     for s in results["segments"]:
         position = _segmenter_name(s["segmenter"]) in QA_BUCKETINGS
         if s["run"] in runs and position and s["segment"] != NO_ANSWER and s["n"]:
-            per_run.setdefault((s["run"], s["eval_set"], s["segmenter"], "buckets"), {})[s["segment"]] = s["f1"]
+            per_run.setdefault((s["run"], s["eval_set"], s["segmenter"], "buckets"), {})[s["segment"]] = (s["n"], s["f1"])
     have_sentence = {(r, e) for r, e, b, _ in per_run if _segmenter_name(b) == "answer_sentence"}
+    sizes: dict = {}
     for name, r in runs.items():
         for eval_set, m in r["metrics"].items():
             by = m.get("by_answer_sentence")
             if by and (name, eval_set) not in have_sentence:
                 per_run[(name, eval_set, "answer_sentence", "buckets")] = {
-                    k: v["f1"] for k, v in by.items() if k != NO_ANSWER and v["total"]}
+                    k: (v["total"], v["f1"]) for k, v in by.items() if k != NO_ANSWER and v["total"]}
             key = m.get("metric")
             for tag, mode in (("", "duplicate"), ("shift_", "shift")):
                 if key and f"{tag}{key}_by_alpha" in m:
                     label = f"{'F1' if key == 'f1' else key}(α), {mode}"
                     per_run[(name, eval_set, label, "alpha")] = m[f"{tag}{key}_by_alpha"]
+                    sizes[(name, eval_set)] = m.get("evaluated_sentences")
     values: dict = {}
     for (name, eval_set, bucketing, kind), v in per_run.items():
         r = runs[name]
         if kind == "alpha":
             b = alpha_bias(v)
-            point = None if b is None or b["drop"] is None else (b["drop"], b["psi"])
+            n = sizes.get((name, eval_set))
+            point = (None if b is None or b["drop"] is None or (n is not None and n < min_size) else
+                     {"effect": b["drop"], "psi": b["psi"], "front": {"label": "copy 1", "n": n},
+                      "rear": {"label": f"copy {len(v)}", "n": n}})
         else:
-            point = (drop(list(v.values())), psi(list(v.values()))) if len(v) >= 2 else None
-        if point is not None:
-            key = (r["dataset"], r["train_size"], eval_set, bucketing, kind)
-            values.setdefault(key, {}).setdefault(r["method"], []).append(point)
+            point = sized_effect(v, min_size)
+        key = (r["dataset"], r["train_size"], eval_set, bucketing, kind)
+        values.setdefault(key, {}).setdefault(r["method"], []).append((point, _main_score(r["metrics"].get(eval_set))))
     rows = []
     for (dataset, size, eval_set, bucketing, kind), by_method in sorted(values.items(), key=lambda kv: str(kv[0])):
         order = [m for m in results["methods"] if m in by_method] + sorted(set(by_method) - set(results["methods"]))
         for method in order:
-            pts = by_method[method]
-            dm, ds = mean_std([p[0] for p in pts])
-            pm, ps = mean_std([p[1] for p in pts])
-            rows.append({"dataset": dataset, "train_size": size, "eval_set": eval_set, "bucketing": bucketing,
-                         "kind": kind, "method": method, "n_runs": len(pts), "drop_mean": dm, "drop_std": ds,
-                         "psi_mean": pm, "psi_std": ps})
+            pts = [p for p, _ in by_method[method] if p is not None]
+            score, _ = mean_std([sc for _, sc in by_method[method] if sc is not None])
+            row = {"dataset": dataset, "train_size": size, "eval_set": eval_set, "bucketing": bucketing,
+                   "kind": kind, "method": method, "n_runs": len(pts), "runs_without_groups": len(by_method[method]) - len(pts),
+                   "front": pts[0]["front"]["label"] if pts else None, "rear": pts[0]["rear"]["label"] if pts else None,
+                   "front_n": pts[0]["front"]["n"] if pts else None, "rear_n": pts[0]["rear"]["n"] if pts else None,
+                   "min_size": min_size, "score_mean": score, "floor": floor,
+                   "below_floor": bool(score == score and score < floor)}
+            em, es = mean_std([p["effect"] for p in pts])
+            pm, ps = mean_std([p["psi"] for p in pts])
+            ci = t_interval([p["effect"] for p in pts])
+            row.update(effect_mean=em, effect_std=es, effect_ci=ci, psi_mean=pm, psi_std=ps,
+                       evidence=evidence(em, ci, enough=len(pts) >= 2))
+            rows.append(row)
     return rows
+
+
+def _main_score(m: dict | None) -> float | None:
+    """A run's overall main metric on one eval set, in points (QA F1, NER F1, POS accuracy)."""
+    if not m:
+        return None
+    for key in (m.get("metric"), "f1", "accuracy"):
+        if key and isinstance(m.get(key), (int, float)):
+            return float(m[key])
+    return None

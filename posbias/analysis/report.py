@@ -98,25 +98,43 @@ def segment_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 
 def bias_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """The "Position bias" block: per bucketing x method, drop and PSI (mean ± std over seeds)."""
+    """The "Position bias" block: per bucketing x method, the signed front − rear effect (mean ± std
+    over seeds, t-interval over seeds), PSI, and the verdict word (`analysis.bias.experiment_rows`)."""
     def cell(mean, std, n, digits):
         return _fmt(mean, digits) + (f" ± {_fmt(std, digits)}" if n > 1 else "")
 
-    head = ["data", "eval set", "bucketing", "method", "drop", "PSI", "runs"]
-    body = [[_scope(r), r["eval_set"], r["bucketing"], r["method"], cell(r["drop_mean"], r["drop_std"], r["n_runs"], 2),
-             cell(r["psi_mean"], r["psi_std"], r["n_runs"], 3), str(r["n_runs"])]
-            for r in rows]
+    def side(label, n):
+        return "–" if label is None else f"{label}" + (f" (n={n:,})" if n else "")
+
+    head = ["data", "eval set", "bucketing", "method", "front", "rear", "front − rear (mean ± std)",
+            "95% CI (t, seeds)", "PSI", "runs", "evidence"]
+    body = []
+    for r in rows:
+        ci = r.get("effect_ci")
+        word = r["evidence"] + (f" (score {r['score_mean']:.1f} < {r['floor']:g})" if r.get("below_floor") else "")
+        if r["evidence"] == "too few" and r["n_runs"] < 2:
+            word += f" ({r['n_runs']} run{'s' if r['n_runs'] != 1 else ''} with sized groups)"
+        body.append([_scope(r), r["eval_set"], r["bucketing"], r["method"], side(r["front"], r.get("front_n")),
+                     side(r["rear"], r.get("rear_n")), cell(r["effect_mean"], r["effect_std"], r["n_runs"], 2),
+                     f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "–",
+                     cell(r["psi_mean"], r["psi_std"], r["n_runs"], 3), str(r["n_runs"]), word])
     return head, body
 
 
 def bias_note(rows: list[dict]) -> str:
     """What the block's numbers are, for the kinds of bucketing it shows (QA buckets, tagging α curves)."""
     kinds = {r["kind"] for r in rows}
-    drops = [text for kind, text in (("buckets", "best − worst bucket F1"),
-                                     ("alpha", "metric(1) − metric(k_max) of the duplicated test sets' α curve"))
-             if kind in kinds]
-    note = (f"Per run: drop = {' (QA), or '.join(drops)}; PSI = 1 − worst/best (0: no position effect, 1: a "
-            "bucket at 0); then mean ± sample std over seeds.")
+    min_size = next((r["min_size"] for r in rows), 30)
+    fronts = [text for kind, text in (
+        ("buckets", f"the F1 of the first position group minus that of the last, buckets merged in position order "
+                    f"until each group holds at least {min_size} questions (smaller ones never set the number)"),
+        ("alpha", "metric(1) − metric(k_max) of the duplicated test sets' α curve"))
+        if kind in kinds]
+    note = (f"Per run: front − rear = {' (QA), or '.join(fronts)}; positive: later positions score lower. Then "
+            "mean ± sample std over seeds and a 95% Student-t interval over seeds. Evidence of position bias: \"yes\" "
+            "when that interval lies above 0, \"reversed\" below 0, \"no\" when it covers 0, \"too few\" with fewer "
+            "than two runs (or groups). PSI = 1 − worst/best over the sized groups (0: flat, 1: a group at 0). "
+            "A method whose overall score is under the quality floor is marked: its bias numbers mean little.")
     if "buckets" in kinds:
         note += (" QA buckets: gold answer position (`gold_position_quartile`) and answer sentence "
                  "(`answer_sentence`, Ko et al. 2020; from metrics.json where the spec has no such segments), "
@@ -163,6 +181,17 @@ def html_page(title: str, parts: list[str]) -> str:
 
 
 md_table, html_table = _md_table, _html_table
+
+
+def short_name(x, limit: int = 48) -> str:
+    """A model or data name short enough for a plot title: what the user typed when it is short,
+    else the last two path components ("…/runs/demo/best" -> "demo/best"; a bundled
+    "…/site-packages/posbias/resources/squad/dev.json" -> "squad/dev.json")."""
+    text = str(x)
+    if len(text) <= limit and "site-packages" not in text:
+        return text
+    parts = [p for p in text.replace("\\", "/").split("/") if p]
+    return "/".join(parts[-2:]) if len(parts) >= 2 else text[-limit:]
 
 
 # ------------------------------------------------------------------------------------------- plots

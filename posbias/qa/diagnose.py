@@ -6,7 +6,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis.bias import NO_ANSWER
+from ..errors import ConfigError
+from ..analysis.report import short_name
 from ..analysis.updates import PositionUpdateCounter
+from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, merged_text, note, position_axis, quality,
+                                quality_text, sentence, table_row, terminal_block)
 from .answer_length import answer_length_labels
 from .answer_sentence import answer_sentence_labels
 from .positions import (first_x_labels, gold_mention_positions, predicted_start_positions,
@@ -23,37 +28,77 @@ def _table(labels: dict[str, str], scores: dict[str, tuple[float, float]]) -> li
     return rows
 
 
-def _md(rows: list[dict], title: str) -> list[str]:
+def _md(rows: list[dict], title: str, min_size: int = MIN_BUCKET) -> list[str]:
+    """A segment table; segments under `min_size` questions are marked † (too few to read alone)."""
     out = [f"### {title}", "", "| segment | questions | EM | F1 |", "|---|---|---|---|"]
-    out += [f"| {r['segment']} | {r['questions']} | {r['exact']:.2f} | {r['f1']:.2f} |" for r in rows]
+    out += [f"| {r['segment']} | {r['questions']}{' †' if r['questions'] < min_size else ''} | {r['exact']:.2f} | "
+            f"{r['f1']:.2f} |" for r in rows]
     return out + [""]
 
 
-BIAS_TITLES = {"gold_position_quartile": "gold position quartile", "answer_sentence": "answer sentence"}
+AXES = {"gold_position_quartile": "answer position", "answer_sentence": "answer sentence"}
+"""Position axes of the verdict, headline first: the quarter of the window holding the gold answer
+start (the absolute positions Random Padding studies), then the paragraph sentence holding it (Ko et
+al. 2020)."""
+SENTENCE_OPTIONS = {"gold_position_quartile": {"what": "answers"},
+                    "answer_sentence": {"what": "answers", "prefix": "sentence "}}
 
 
-def _bias_block(bias: dict) -> tuple[list[str], list[list[str]], str]:
-    """The "Position bias" table (head, body) and its note, from `analysis.bias.qa_position_bias`."""
-    head = ["bucketing", "buckets", "questions", "drop = best − worst F1 [95% CI]", "PSI = 1 − worst/best [95% CI]"]
-    body = []
-    for name, b in bias.items():
-        if b is None:
-            body.append([BIAS_TITLES.get(name, name), "< 2", "–", "–", "–"])
+def position_verdict(labels: dict[str, dict[str, str]], positions: dict[str, int], scores: dict, overall_f1: float,
+                     *, min_size: int = MIN_BUCKET, samples: int = 2000, floor: float = QUALITY_FLOOR) -> dict:
+    """The verdict block's content (`analysis.verdict`): per axis the sized front − rear effect, its
+    trend and PSI, from per-question F1; the quality check of the overall F1.
+
+    Args:
+        labels: axis name (AXES) -> question id -> bucket ("no answer" questions left out here).
+        positions: question id -> token position of its earliest gold answer start (the trend's x on
+            the answer-position axis; the answer-sentence axis uses the sentence index).
+        scores: question id -> (EM, F1) in 0..1.
+    """
+    f1 = {q: 100.0 * float(s[1]) for q, s in scores.items()}
+    axes = {}
+    for name in AXES:
+        if name not in labels:
             continue
-        ci = lambda c, d: f" [{c[0]:.{d}f}, {c[1]:.{d}f}]" if c else ""  # noqa: E731
-        body.append([BIAS_TITLES.get(name, name), str(b["buckets"]), str(b["questions"]),
-                     f"{b['drop']:.2f}{ci(b['drop_ci'], 2)} ({b['best']} vs {b['worst']})",
-                     f"{b['psi']:.3f}{ci(b['psi_ci'], 3)}"])
-    samples = next((b["samples"] for b in bias.values() if b), 0)
-    note = ("Drop: F1 of the best bucket minus the worst, in points; PSI, the position sensitivity index: 0 = no "
-            "position effect, 1 = a bucket at F1 0. Buckets: the quarter of the window holding the gold answer "
-            "start, and the paragraph sentence holding the first gold answer (Ko et al. 2020); \"no answer\" "
-            "questions are left out. "
-            + (f"95% intervals: percentile bootstrap over questions resampled within each bucket ({samples:,} "
-               "resamples, seed 0). The drop and PSI compare the best and worst of noisy bucket means, so "
-               "resampling biases them upwards: where buckets score alike, an interval can lie above its point "
-               "value." if samples else "No intervals (0 bootstrap resamples)."))
-    return head, body, note
+        lab = {q: b for q, b in labels[name].items() if b != NO_ANSWER}
+        if name == "gold_position_quartile":
+            axes[name] = position_axis(lab, f1, positions=positions, per=100, unit="token", name=AXES[name],
+                                       min_size=min_size, samples=samples)
+        else:
+            axes[name] = position_axis(lab, f1, per=1, unit="sentence", name=AXES[name], min_size=min_size,
+                                       samples=samples)
+    first = next(iter(axes.values()), None)
+    return {"evidence": first["evidence"] if first else "too few",
+            "sentence": sentence(first, **SENTENCE_OPTIONS["gold_position_quartile"]) if first else "",
+            "axes": axes, "quality": quality(overall_f1, floor, "F1"), "min_size": min_size, "samples": samples}
+
+
+def _axes(bias: dict) -> list[tuple[str, dict | None, dict]]:
+    return [(AXES[k], v, SENTENCE_OPTIONS[k]) for k, v in bias["axes"].items()]
+
+
+def _bias_block(bias: dict) -> tuple[str, list[str], list[list[str]], list[str]]:
+    """The verdict: (headline sentence, table head, table body, notes)."""
+    body = [table_row(AXES[k], v) for k, v in bias["axes"].items()]
+    notes = [x for x in [quality_text(bias["quality"])] + [merged_text(v) for v in bias["axes"].values()] if x]
+    notes.append(note(bias["min_size"], bias["samples"], " (questions resampled within each group)")
+                 + " Answer position: the quarter of the input window holding the earliest gold answer start (Q1 "
+                 "[0,96) = tokens 0..95), trend per 100 tokens of that start; answer sentence: the paragraph "
+                 "sentence holding the first gold answer (Ko et al. 2020), trend per sentence. \"no answer\" "
+                 "questions are left out.")
+    return bias["sentence"], VERDICT_HEAD, body, notes
+
+
+def verdict_lines(summary: dict, output_dir) -> list[str]:
+    """The terminal's view of a QA diagnosis (`posbias diagnose qa`): the verdict and where the report is."""
+    bias = summary["position_bias"]
+    m = summary["metrics"]
+    title = (f"Position bias of {short_name(summary['model'])} on {short_name(summary['data_name'])}: "
+             f"{m['total']:,} questions, EM {m.get('exact_match', m.get('exact', float('nan'))):.1f}, "
+             f"F1 {m['f1']:.1f}")
+    report = (f"report: {output_dir}/diagnosis.md (also diagnosis.html, diagnosis.json, {len(summary['plots'])} "
+              "plot(s); --verbose prints it here)")
+    return terminal_block(title, _axes(bias), bias["quality"], report)
 
 
 def _html(title: str, intro: list[str], tables: dict, titles: dict, plots: list[Path], bias: dict) -> str:
@@ -62,9 +107,9 @@ def _html(title: str, intro: list[str], tables: dict, titles: dict, plots: list[
 
     from ..analysis.report import html_figure, html_page, html_table
 
-    head, body, note = _bias_block(bias)
-    parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Position bias</h2>", html_table(head, body),
-             f"<p>{html.escape(note)}</p>"]
+    head_line, head, body, notes = _bias_block(bias)
+    parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Position bias</h2>", f"<p><b>{html.escape(head_line)}</b></p>",
+             html_table(head, body)] + [f"<p>{html.escape(x)}</p>" for x in notes]
     parts += [f"<p>{html.escape(x)}</p>" for x in intro if x]
     for name, rows in tables.items():
         parts.append(f"<h2>{html.escape(titles.get(name, name))}</h2>")
@@ -75,30 +120,78 @@ def _html(title: str, intro: list[str], tables: dict, titles: dict, plots: list[
     return html_page(title, parts)
 
 
-def plot_position_curve(mentions, scores, max_seq_len: int, path: Path, bin_size: int = 32) -> Path:
+def equal_count_bins(x: np.ndarray, min_size: int = MIN_BUCKET, max_bins: int = 12) -> list[np.ndarray]:
+    """Indices of `x` split into consecutive bins by position, each of >= `min_size` examples (as many
+    bins as that allows, at most `max_bins`); equal positions never straddle two bins."""
+    order = np.argsort(x, kind="stable")
+    n = len(order)
+    k = max(1, min(max_bins, n // max(1, min_size)))
+    bins, start = [], 0
+    for i in range(k):
+        stop = round((i + 1) * n / k)
+        while 0 < stop < n and x[order[stop]] == x[order[stop - 1]]:
+            stop += 1  # keep ties together
+        if stop > start:
+            bins.append(order[start:stop])
+        start = stop
+    if len(bins) > 1 and len(bins[-1]) < min_size:  # a tail shortened by ties joins its neighbour
+        bins[-2:] = [np.concatenate(bins[-2:])]
+    return bins
+
+
+def plot_position_curve(positions: dict[str, int], scores: dict, max_seq_len: int, path: Path, title: str = "",
+                        min_size: int = MIN_BUCKET, axis: dict | None = None) -> Path:
+    """F1 against the token position of the earliest gold answer start: bins of equal question
+    counts (>= `min_size` each), each point at its bin's mean position with a 95% interval (mean ±
+    1.96 standard errors) and its position range; the least-squares trend line; the front/rear
+    boundary of the verdict (`axis`) as a dotted line."""
     from ..analysis.report import _plt
 
     plt = _plt()
-    edges = np.arange(0, max_seq_len + bin_size, bin_size)
-    pos = {q: min(p) for q, p in mentions.items() if p and q in scores}
-    f1s, ns, centers = [], [], []
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        q = [k for k, p in pos.items() if lo <= p < hi]
-        if q:
-            f1s.append(100 * np.mean([scores[k][1] for k in q]))
-            ns.append(len(q))
-            centers.append((lo + hi) / 2)
+    qids = [q for q in positions if q in scores]
+    x = np.array([positions[q] for q in qids], dtype=np.float64)
+    y = np.array([100 * float(scores[q][1]) for q in qids])
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    ax.plot(centers, f1s, marker="o")
-    for x, y, n in zip(centers, f1s, ns):
-        ax.annotate(f"n={n}", (x, y), fontsize=7, ha="center", xytext=(0, 5), textcoords="offset points")
-    ax.set_xlabel(f"token position of the earliest gold answer start (bins of {bin_size})")
+    if len(x):
+        bins = equal_count_bins(x, min_size)
+        cx = np.array([x[b].mean() for b in bins])
+        cy = np.array([y[b].mean() for b in bins])
+        se = np.array([y[b].std(ddof=1) / np.sqrt(len(b)) if len(b) > 1 else np.nan for b in bins])
+        xerr = np.array([[cx[i] - x[b].min() for i, b in enumerate(bins)], [x[b].max() - cx[i] for i, b in enumerate(bins)]])
+        ax.errorbar(cx, cy, yerr=1.96 * se, xerr=xerr, fmt="o", capsize=3, elinewidth=1, ms=4,
+                    label="F1 of a bin (95% CI; bar: its positions)")
+        for px, py, b in zip(cx, cy, bins):
+            ax.annotate(f"n={len(b)}", (px, py), fontsize=7, ha="center", xytext=(0, 6), textcoords="offset points")
+        if np.ptp(x) > 0:
+            slope, icpt = np.polyfit(x, y, 1)
+            grid = np.array([x.min(), x.max()])
+            t = (axis or {}).get("trend") or {}
+            label = f"trend {100 * slope:+.1f} F1 / 100 tokens" + (
+                f" [{t['ci'][0]:+.1f}, {t['ci'][1]:+.1f}]" if t.get("ci") else "")
+            ax.plot(grid, icpt + slope * grid, color="tab:red", lw=1.2, label=label)
+        rear = (axis or {}).get("rear")
+        if rear:  # the front/rear boundary: where the rear group starts
+            start = _group_start(rear["label"])
+            if start is not None:
+                ax.axvline(start, color="grey", ls=":", lw=1)
+                ax.annotate("front | rear", (start, ax.get_ylim()[1]), fontsize=7, ha="center", va="top", color="grey")
+        ax.legend(fontsize=7, loc="lower left")
+    ax.set_xlim(left=0, right=max_seq_len)
+    ax.set_xlabel(f"token position of the earliest gold answer start (bins of >= {min_size} questions)")
     ax.set_ylabel("F1")
-    ax.set_title("F1 by gold answer position")
+    ax.set_title(title or "F1 by gold answer position", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _group_start(label: str) -> int | None:
+    """First token of a quarter group label ("Q2–Q3 [96,288)" -> 96)."""
+    import re
+
+    m = re.search(r"\[(\d+),", label)
+    return int(m.group(1)) if m else None
 
 
 def plot_position_updates(updates: dict, path: Path, label: str = "") -> Path:
@@ -109,25 +202,30 @@ def plot_position_updates(updates: dict, path: Path, label: str = "") -> Path:
 
 
 def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool = True,
-             bias_samples: int = 2000) -> dict:
+             bias_samples: int = 2000, min_bucket: int = MIN_BUCKET, quality_floor: float = QUALITY_FLOOR) -> dict:
     """Evaluate `model` on `data` and write position analyses into `output_dir`:
-    diagnosis.md / .json, first the position bias (drop and PSI with bootstrap intervals of
-    `bias_samples` resamples, `analysis.bias`), then F1 by answer-position quartile (gold and
-    predicted, Table 1), S_X^(1) vs S_X^(2) for each X (App. C), EM/F1 by gold answer length (MaP
-    Fig. 6) and by answer sentence (Ko et al. 2020), an F1-by-position plot and, for a posbias run,
-    the position-embedding update plot (§2.3)."""
+    diagnosis.md / .html / .json, first the verdict (`position_verdict`: the sized, signed front −
+    rear effect along answer position and answer sentence with `bias_samples` bootstrap resamples,
+    buckets under `min_bucket` questions merged, a warning under `quality_floor` F1), then F1 by
+    answer-position quartile (gold and predicted, Table 1), S_X^(1) vs S_X^(2) for each X (App. C),
+    EM/F1 by gold answer length (MaP Fig. 6) and by answer sentence (Ko et al. 2020), an
+    F1-by-position plot and, for a posbias run, the position-embedding update plot (§2.3).
+    The returned summary holds `verdict_lines`, what the terminal shows."""
     from ..checkpoint import staged_output
 
+    if isinstance(min_bucket, bool) or not isinstance(min_bucket, int) or min_bucket < 1:
+        raise ConfigError(f"min_bucket must be a positive integer, got {min_bucket!r}")
     # Everything goes through a temporary folder, renamed when complete (`staged_output`).
     with staged_output(output_dir) as out:
-        return _diagnose(model, data, out, Path(output_dir), xs, overrides, progress, bias_samples)
+        return _diagnose(model, data, out, Path(output_dir), xs, overrides, progress, bias_samples, min_bucket,
+                         quality_floor)
 
 
-def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias_samples: int = 2000) -> dict:
+def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias_samples: int = 2000,
+              min_bucket: int = MIN_BUCKET, quality_floor: float = QUALITY_FLOOR) -> dict:
     """`diagnose`, writing into `out`, which becomes `final` when complete."""
     import time
 
-    from ..analysis.bias import qa_position_bias
     from ..analysis.report import md_table
     from ..checkpoint import eval_config, load_checkpoint, write_run_meta
     from ..utils import atomic_write_json, atomic_write_text
@@ -149,7 +247,8 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
     d = cfg.data
     mentions = gold_mention_positions(ds.examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
                                       max_query_len=d.max_query_len, context_first=d.context_first)
-    gold_quartiles = quartile_labels({q: min(p) if p else None for q, p in mentions.items()}, d.max_seq_len)
+    starts = {q: min(p) for q, p in mentions.items() if p}
+    gold_quartiles = quartile_labels(starts, d.max_seq_len)
     sentences = answer_sentence_labels(ds.examples)
     tables = {
         "gold_position_quartile": _table(gold_quartiles, scores),
@@ -163,35 +262,40 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
         tables[f"first_x_tokens(x={x})"] = _table(first_x_labels(every, int(x)), scores)
     tables["answer_length"] = _table(answer_length_labels(ds.examples), scores)
     tables["answer_sentence"] = _table(sentences, scores)
-    bias = qa_position_bias({"gold_position_quartile": gold_quartiles, "answer_sentence": sentences}, scores,
-                            samples=bias_samples)
-    plots = [plot_position_curve(mentions, scores, d.max_seq_len, out / "f1_by_position.png")]
+    bias = position_verdict({"gold_position_quartile": gold_quartiles, "answer_sentence": sentences}, starts, scores,
+                            result["f1"], min_size=min_bucket, samples=bias_samples, floor=quality_floor)
+    data_name = data if isinstance(data, (str, Path)) else ds.path
+    name = f"{short_name(model)} on {short_name(data_name)}"
+    plots = [plot_position_curve(starts, scores, d.max_seq_len, out / "f1_by_position.png",
+                                 f"F1 by answer position: {name}", min_bucket, bias["axes"].get("gold_position_quartile"))]
     run_dir = Path(model).parent
     if (run_dir / "position_updates.json").is_file():
         plots.append(plot_position_updates(json.loads((run_dir / "position_updates.json").read_text(encoding="utf-8")),
                                            out / "position_updates.png"))
-    title = f"Position diagnosis of `{model}` on `{ds.path}`"
+    title = f"Position diagnosis of `{model}` on `{data_name}`"
     intro = [f"{result['total']} questions, {result['windows']} windows (max_seq_len {d.max_seq_len}, doc_stride "
              f"{d.doc_stride}): EM {result.get('exact_match', result.get('exact')):.2f}, "
-             f"F1 {result['f1']:.2f}.",
+             f"F1 {result['f1']:.2f}. Data file: `{ds.path}`.",
              "Positions are token indices in the input window ([CLS] = 0). Gold: the earliest gold mention "
              "(in the first window holding it). Predicted: the start of the predicted answer (the paper's Table 1). "
-             "S_X(1): a gold mention starts in the first X tokens of any window (§6.1)."]
-    bias_head, bias_body, bias_note = _bias_block(bias)
-    md = [f"# {title}", "", "## Position bias", "", md_table(bias_head, bias_body), "", bias_note, "",
-          intro[0], "", intro[1], ""]
+             f"S_X(1): a gold mention starts in the first X tokens of any window (§6.1). Segments marked † hold "
+             f"fewer than {min_bucket} questions: too few to read alone."]
+    headline, bias_head, bias_body, bias_notes = _bias_block(bias)
+    md = [f"# {title}", "", "## Position bias", "", f"**{headline}**", "", md_table(bias_head, bias_body), ""]
+    md += [x + "\n" for x in bias_notes] + [intro[0], "", intro[1], ""]
     titles = {"gold_position_quartile": "F1 by quarter of the window holding the gold answer start",
               "pred_position_quartile": "F1 by quarter of the window holding the predicted start (Table 1)",
               "answer_length": "EM/F1 by length of the shortest gold answer, in words (MaP Fig. 6)",
               "answer_sentence": "EM/F1 by the paragraph sentence holding the first gold answer (Ko et al. 2020)"}
-    for name, rows in tables.items():
-        md += _md(rows, titles.get(name, f"{name}: S_X(1) = some gold mention within the first X tokens, "
-                                         "S_X(2) = all later (App. C)"))
+    for key, rows in tables.items():
+        md += _md(rows, titles.get(key, f"{key}: S_X(1) = some gold mention within the first X tokens, "
+                                        "S_X(2) = all later (App. C)"), min_bucket)
     md += [f"![{p.stem}]({p.name})" for p in plots]
     atomic_write_text(out / "diagnosis.md", "\n".join(md) + "\n")
     atomic_write_text(out / "diagnosis.html", _html(title, intro, tables, titles, plots, bias))
-    summary = {"position_bias": bias, "model": str(model), "data": ds.path, "metrics": result, "tables": tables,
-               "plots": [str(final / p.name) for p in plots]}
+    summary = {"position_bias": bias, "model": str(model), "data": ds.path, "data_name": str(data_name),
+               "metrics": result, "tables": tables, "plots": [str(final / p.name) for p in plots]}
+    summary["verdict_lines"] = verdict_lines(summary, final)
     atomic_write_json(out / "diagnosis.json", summary)
     write_run_meta(out, cfg, "diagnose qa", model, ds.path, t0, skipped=ds.skipped)
     return summary

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .duplicated import MODES
+from ..analysis.report import short_name
+from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, alpha_axis, curve_intervals, evidence, note, psi, quality,
+                                quality_text, sentence, table_row, terminal_block)
+from .duplicated import MODES, sentence_counts
 
 _NAMES = {"f1": "F1", "precision": "Prec", "recall": "Rec", "accuracy": "Acc", "macro_f1": "macro F1",
           "consistency": "consistency", "f1_seqeval_subtoken": "sub-token F1"}
@@ -36,15 +39,27 @@ def _fmt(mean, std=None) -> str:
     return f"{mean:.2f}" + (f" ± {std:.2f}" if std is not None and std == std else "")  # std == std: not NaN
 
 
+def _interval(result: dict, mode: str, key: str) -> list | None:
+    """Per α the 95% bootstrap interval over sentences of metric `key` in `mode`, where the verdict
+    computed one (ratio metrics: F1, precision, recall, accuracy); else None."""
+    axis = ((result.get("position_bias") or {}).get("axes") or {}).get(mode) or {}
+    if key == result["metric"]:
+        return axis.get("curve_ci")
+    return (axis.get("curves_ci") or {}).get(key)
+
+
 def plot_position_curves(result: dict, path: Path, title: str) -> Path:
     """The paper's Fig. 7 for one model: the main metric, precision and recall (POS: accuracy, macro
-    F1, the authors' sub-token F1) and consistency against α; duplicate mode as mean ± sample std
-    over k >= α (band; none at α = k_max, one k) with each k as a thin line, shift mode dashed."""
+    F1, the authors' sub-token F1) and consistency against α. Duplicate mode: the mean over k >= α
+    with its 95% bootstrap interval over sentences as error bars (ratio metrics; the others show
+    ± sample std over k >= α as a band, said in the legend), each k as a thin line; shift mode
+    dashed, with its interval where there is one. The main metric's panel says the verdict's
+    front − rear effect."""
     from ..analysis.report import _plt
 
     plt = _plt()
     keys = _keys(result)
-    fig, axes = plt.subplots(1, len(keys), figsize=(3.4 * len(keys), 3.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.4 * len(keys), 3.4), squeeze=False)
     dup, shift = result.get("duplicate"), result.get("shift")
     for ax, key in zip(axes[0], keys):
         if dup:
@@ -56,16 +71,37 @@ def plot_position_curves(result: dict, path: Path, title: str) -> Path:
             rows = [r for r in dup["by_alpha"] if r.get(f"{key}_mean") is not None]
             a = np.array([r["alpha"] for r in rows])
             m = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
-            s = np.array([r[f"{key}_std"] for r in rows], dtype=float)
-            ax.plot(a, m, marker="o", color="tab:blue", label="duplicate (mean over k ≥ α)")
-            ax.fill_between(a, m - s, m + s, color="tab:blue", alpha=0.2)
+            ci = _interval(result, "duplicate", key)
+            if ci and len(ci) == len(dup["by_alpha"]):
+                lo = np.array([ci[r["alpha"] - 1][0] for r in rows])
+                hi = np.array([ci[r["alpha"] - 1][1] for r in rows])
+                ax.errorbar(a, m, yerr=[m - lo, hi - m], marker="o", ms=4, capsize=3, color="tab:blue",
+                            label="duplicate, mean over k ≥ α (95% CI)")
+            else:
+                s = np.array([np.nan if r[f"{key}_std"] is None else r[f"{key}_std"] for r in rows], dtype=float)
+                ax.plot(a, m, marker="o", ms=4, color="tab:blue", label="duplicate, mean over k ≥ α (band: ± std over k)")
+                ax.fill_between(a, m - s, m + s, color="tab:blue", alpha=0.2)
         if shift and "by_alpha" in shift:
             rows = [r for r in shift["by_alpha"] if r.get(f"{key}_mean") is not None]
-            ax.plot([r["alpha"] for r in rows], [r[f"{key}_mean"] for r in rows], marker="s", ls="--",
-                    color="tab:orange", label="shift (one copy, positions moved)")
-        ax.set_xlabel("α (copy)")
-        ax.set_title(f"{_NAMES[key]}(α)")
-    axes[0][0].legend(fontsize=7)
+            a = np.array([r["alpha"] for r in rows])
+            m = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
+            ci = _interval(result, "shift", key)
+            if ci and len(ci) == len(shift["by_alpha"]):
+                lo = np.array([ci[r["alpha"] - 1][0] for r in rows])
+                hi = np.array([ci[r["alpha"] - 1][1] for r in rows])
+                ax.errorbar(a, m, yerr=[m - lo, hi - m], marker="s", ms=3, ls="--", capsize=2, color="tab:orange",
+                            label="shift (one copy, positions moved; 95% CI)")
+            else:
+                ax.plot(a, m, marker="s", ms=3, ls="--", color="tab:orange", label="shift (one copy, positions moved)")
+        ax.set_xlabel("α (copy; later = further right in the input)")
+        ax.set_title(f"{_NAMES[key]}(α)", fontsize=10)
+        axis = ((result.get("position_bias") or {}).get("axes") or {}).get("duplicate")
+        if key == result["metric"] and axis and axis.get("effect") is not None:
+            e = axis["effect"]
+            ax.annotate(f"copy 1 − copy {axis['alphas'][-1]}: {e:+.1f}" + (
+                f" [{axis['ci'][0]:+.1f}, {axis['ci'][1]:+.1f}]" if axis.get("ci") else ""),
+                (0.02, 0.02), xycoords="axes fraction", fontsize=7)
+    axes[0][0].legend(fontsize=6)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -138,13 +174,64 @@ def _class_table(result: dict, alphas=(1, 5, 10)) -> tuple[list[str], list[list[
     return head, body
 
 
-NO_INTERVAL = ("No interval: `position_eval` keeps each (k, α) cell's corpus-level score, not per-sentence "
-               "counts, so its sentences cannot be resampled here.")
+MODE_AXES = {"duplicate": "copy α, duplicate mode", "shift": "copy α, shift mode"}
+
+
+def position_verdict(result: dict, counts: dict, *, min_size: int = MIN_BUCKET, samples: int = 2000,
+                     floor: float = QUALITY_FLOOR) -> dict:
+    """The verdict block's content (`analysis.verdict.alpha_axis`) per mode: the main metric M(α)
+    (mean over k >= α, the paper's tables) with bootstrap intervals over sentences, the signed
+    effect M(1) − M(k_max), the trend per copy, PSI over α; the quality check of M on D*_test as is.
+
+    Args:
+        counts: mode -> ((k, α) per cell, (cells, n, 2) per-sentence counts), `duplicated.sentence_counts`.
+    """
+    key = result["metric"]
+    axes = {}
+    for mode in MODES:
+        part = result.get(mode) or {}
+        if "by_alpha" not in part:
+            continue
+        if mode in counts:
+            cells, arrays = counts[mode]
+            axes[mode] = alpha_axis(cells, arrays[key], min_size=min_size, samples=samples)
+            if axes[mode] is not None:  # the other ratio metrics' intervals, for the plot
+                axes[mode]["curves_ci"] = {k: curve_intervals(cells, v, samples=samples) for k, v in arrays.items()
+                                           if k != key}
+        else:  # a result without counts (from before they were kept): the curve alone, no interval
+            curve = [r[f"{key}_mean"] for r in part["by_alpha"]]
+            axes[mode] = _curve_only(curve, result["subset"]["evaluated_sentences"], min_size)
+    first = next(iter(axes.values()), None)
+    metric = _NAMES[key]
+    score = result.get("summary", {}).get(key)
+    return {"evidence": first["evidence"] if first else "too few",
+            "sentence": sentence(first, metric=metric, where=_where(next(iter(axes), ""))) if first else "",
+            "axes": axes, "metric": key, "quality": quality(score, floor, metric), "min_size": min_size,
+            "samples": samples}
+
+
+def _where(mode: str) -> str:
+    return f"{mode} mode" if mode else ""
+
+
+def _curve_only(curve: list, n: int, min_size: int) -> dict | None:
+    """An `alpha_axis`-shaped dict from an α curve alone (no per-sentence counts: no interval)."""
+    vals = [v for v in curve if v is not None]
+    if len(vals) < 2 or curve[0] is None or curve[-1] is None:
+        return None
+    alphas = list(range(1, len(curve) + 1))
+    slope = float(np.polyfit(alphas, [np.nan if v is None else v for v in curve], 1)[0]) if None not in curve else None
+    return {"alphas": alphas, "curve": curve, "curve_ci": None, "sentences": n, "min_size": min_size, "samples": 0,
+            "front": {"label": "copy 1", "n": n, "score": curve[0]},
+            "rear": {"label": f"copy {len(curve)}", "n": n, "score": curve[-1]},
+            "effect": float(curve[0] - curve[-1]), "ci": None,
+            "trend": None if slope is None else {"slope": slope, "per": 1.0, "unit": "copy", "ci": None, "p": None},
+            "psi": psi(vals), "psi_ci": None, "evidence": evidence(curve[0] - curve[-1], None, n >= min_size)}
 
 
 def position_bias(result: dict) -> dict:
     """Mode -> `analysis.bias.alpha_bias` of the main metric's α curve (mean over k ≥ α): drop
-    M(1) − M(k_max) and PSI over α; None where a mode was skipped or has < 2 defined values."""
+    M(1) − M(k_max) and PSI over α, point values only (experiment rows use it per run)."""
     from ..analysis.bias import alpha_bias
 
     key = result["metric"]
@@ -156,29 +243,56 @@ def position_bias(result: dict) -> dict:
     return out
 
 
-def _bias_block(result: dict, bias: dict) -> tuple[list[str], list[list[str]], str]:
-    """The "Position bias" table (head, body) and its note."""
+def _axes(bias: dict) -> list[tuple[str, dict | None, dict]]:
+    metric = _NAMES[bias["metric"]]
+    return [(MODE_AXES[m], v, {"metric": metric, "where": _where(m)}) for m, v in bias["axes"].items()]
+
+
+def _bias_block(result: dict, bias: dict) -> tuple[str, list[str], list[list[str]], list[str]]:
+    """The verdict: (headline sentence, table head, table body, notes)."""
     name = _NAMES[result["metric"]]
-    k_max = result["subset"]["k_max"]
-    head = ["mode", "α", f"drop = {name}(1) − {name}({k_max})", f"PSI = 1 − min/max of {name}(α)"]
-    body = [[mode, f"1..{k_max}", "–", "–"] if b is None else
-            [mode, f"1..{b['alphas']}", _fmt(b["drop"]), f"{b['psi']:.3f}"] for mode, b in bias.items()]
-    note = (f"Drop: {name}(1) − {name}({k_max}) in points ({name}(α): copy α, mean over k ≥ α; positive: later "
-            f"copies score lower); PSI, the position sensitivity index over α = 1..{k_max}: 0 = no position "
-            "effect, 1 = some copy at 0. " + NO_INTERVAL)
-    return head, body, note
+    body = [table_row(MODE_AXES[m], v, name) for m, v in bias["axes"].items()]
+    if "skipped" in (result.get("shift") or {}):
+        body.append([MODE_AXES["shift"], "–", "–", "–", "–", "–", "skipped"])
+    notes = [x for x in [quality_text(bias["quality"])] if x]
+    n = result["subset"].get("evaluated_sentences", 0)
+    notes.append(f"Front: copy 1, rear: copy {result['subset']['k_max']} of the duplicated test sets, {name}(α) "
+                 f"averaged over k ≥ α as in the paper's tables; the same {n:,} sentences at every α. "
+                 + note(bias["min_size"], bias["samples"], " (sentences resampled, the same draw at every copy: "
+                        "paired); the trend is the slope of the α curve per copy", permutation=False, buckets=False))
+    head = [("trend [95% CI]" if h.startswith("trend") else h) for h in VERDICT_HEAD]
+    return bias["sentence"], head, body, notes
 
 
-def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str, Path]] = ()) -> list[Path]:
+def verdict_lines(result: dict, output_dir) -> list[str]:
+    """The terminal's view of a tagging diagnosis: the verdict and where the report is."""
+    bias = result["position_bias"]
+    key = result["metric"]
+    title = (f"Position bias of {short_name(result['model'])} on {short_name(result.get('data_name', result['data']))}: "
+             f"{result['subset']['evaluated_sentences']:,} sentences, {_NAMES[key]} "
+             f"{_fmt(result['summary'].get(key))} (k = 1)")
+    report = (f"report: {output_dir}/diagnosis.md (also diagnosis.html, diagnosis.json, {len(result.get('plots', []))} "
+              "plot(s); --verbose prints it here)")
+    lines = terminal_block(title, _axes(bias), bias["quality"], report, _NAMES[key])
+    if "skipped" in (result.get("shift") or {}):
+        lines.insert(-1, f"  shift mode skipped: {result['shift']['skipped']}")
+    return lines
+
+
+def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str, Path]] = (), *,
+                 min_size: int = MIN_BUCKET, samples: int = 2000, floor: float = QUALITY_FLOOR) -> list[Path]:
     """diagnosis.md / .html / .json and the plots of a `position_eval` result, into `out`; the
-    position bias (`position_bias`) first, also stored in `result["position_bias"]`."""
-    from ..analysis.report import html_figure, html_page, html_table, md_table
+    verdict (`position_verdict`) first, also stored in `result["position_bias"]`. The result's
+    per-sentence counts are used for the intervals and taken out of it (they are not JSON)."""
+    from ..analysis.report import html_figure, html_page, html_table, md_table, short_name
     from ..utils import atomic_write_json, atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
-    result["position_bias"] = bias = position_bias(result)
+    counts = sentence_counts(result)
+    result["position_bias"] = bias = position_verdict(result, counts, min_size=min_size, samples=samples, floor=floor)
+    name = f"{short_name(result.get('model', ''))} on {short_name(result.get('data_name', result['data']))}"
     plots = [("F1(α), Prec(α), Rec(α) and consistency (Fig. 7)",
-              plot_position_curves(result, out / "position_curves.png", title))]
+              plot_position_curves(result, out / "position_curves.png", name))]
     pc = plot_per_class(result, out / "per_class.png", "Per-class F1(α), duplicate mode")
     if pc is not None:
         plots.append(("Per-class F1(α) (Fig. 9)", pc))
@@ -211,11 +325,12 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
     t = result["timing"]
     intro.append(f"{t['real_tokens']:,} real tokens in {t['seconds']:.1f} s ({t['tokens_per_s']:,.0f} tokens/s).")
     head, body = _alpha_table(result)
-    bh, bb, bnote = _bias_block(result, bias)
-    md = [f"# {title}", "", "## Position bias", "", md_table(bh, bb), "", bnote, ""]
+    headline, bh, bb, bnotes = _bias_block(result, bias)
+    md = [f"# {title}", "", "## Position bias", "", f"**{headline}**", "", md_table(bh, bb), ""]
+    md += [x + "\n" for x in bnotes]
     md += [x + "\n" for x in intro] + [f"## {metric}(α)", "", md_table(head, body), ""]
-    htm = [f"<h1>{html.escape(title)}</h1>", "<h2>Position bias</h2>", html_table(bh, bb),
-           f"<p>{html.escape(bnote.replace('`', ''))}</p>"]
+    htm = [f"<h1>{html.escape(title)}</h1>", "<h2>Position bias</h2>", f"<p><b>{html.escape(headline)}</b></p>",
+           html_table(bh, bb)] + [f"<p>{html.escape(x.replace('`', ''))}</p>" for x in bnotes]
     htm += [f"<p>{html.escape(x).replace('**', '')}</p>" for x in intro]
     htm += [f"<h2>{html.escape(metric)}(α)</h2>", html_table(head, body)]
     ct = _class_table(result)
@@ -234,9 +349,12 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
 
 
 def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75), modes=MODES,
-             max_len: int | None = None, batch_tokens: int = 16_384, overrides=None, progress: bool = True) -> dict:
+             max_len: int | None = None, batch_tokens: int = 16_384, overrides=None, progress: bool = True,
+             bias_samples: int = 2000, min_bucket: int = MIN_BUCKET, quality_floor: float = QUALITY_FLOOR) -> dict:
     """Position-bias diagnosis of a tagging checkpoint on `data` (see the module docstring).
-    Returns the `position_eval` result with the paths written."""
+    Returns the `position_eval` result with the verdict (`position_bias`, `verdict_lines`: what
+    the terminal shows; `bias_samples` bootstrap resamples over sentences, fewer than `min_bucket`
+    evaluated sentences: too few to tell, a warning under `quality_floor` points) and the paths written."""
     from ..checkpoint import load_for_eval, staged_output, write_run_meta
     from .duplicated import length_subset, position_eval
     from .stats import class_positions, plot_class_positions, plot_length_density
@@ -256,8 +374,9 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
         pool = length_pool(cfg) if quantiles else None
         result = position_eval(net, tokenizer, ds, k_max=k_max, quantiles=tuple(quantiles) if quantiles else None,
                                modes=tuple(modes), max_len=max_len, batch_tokens=batch_tokens, progress=progress,
-                               length_pool=pool, own_subtokens=cfg.data.label_subtokens == "all")
+                               length_pool=pool, own_subtokens=cfg.data.label_subtokens == "all", keep_counts=True)
         result["model"] = str(model)
+        result["data_name"] = str(data) if isinstance(data, (str, Path)) else ds.path
         lengths = np.array([len(e.words) for e in ds.examples])
         bounds = result["subset"].get("length_bounds")
         data_plots = [("Sentence-length density (D* shaded)",
@@ -268,9 +387,11 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
         if positions:
             data_plots.append(("Class positions in D*",
                                plot_class_positions(positions, out / "class_positions.png", "Class positions in D*")))
-        plots = write_report(result, out, f"Position diagnosis of `{model}`", data_plots)
+        plots = write_report(result, out, f"Position diagnosis of `{model}`", data_plots, min_size=min_bucket,
+                             samples=bias_samples, floor=quality_floor)
         write_run_meta(out, cfg, "diagnose tagging", model, ds.path, t0, skipped=ds.skipped)
     result["plots"] = [str(Path(output_dir) / p.name) for p in plots]
+    result["verdict_lines"] = verdict_lines(result, output_dir)
     return result
 
 

@@ -42,6 +42,18 @@ from .examples import TaggingDataset, TaggingExample
 from .features import first_subtokens, separator_id, special_tokens, tokenize_sentences
 
 MODES = ("duplicate", "shift")
+SENTENCE_COUNTS = "sentence_counts"
+
+
+def sentence_counts(result: dict) -> dict:
+    """Pop each mode's per-sentence counts from a `position_eval` result (they are large and not
+    JSON): mode -> ((k, α) of each cell, metric -> (cells, n, 2) counts)."""
+    out = {}
+    for mode in MODES:
+        part = result.get(mode) or {}
+        if SENTENCE_COUNTS in part:
+            out[mode] = ([(c["k"], c["alpha"]) for c in part["cells"]], part.pop(SENTENCE_COUNTS))
+    return out
 
 
 def length_subset(examples: list[TaggingExample], quantiles: tuple[float, float] | None = (0.25, 0.75), *,
@@ -161,18 +173,26 @@ def _predict_rows(model, rows: _Rows, build, device, batch_tokens: int, pad_id: 
     return out, sub_out
 
 
-def _scores(gold_tags, gold_ents, pred_tags, scheme: str, first_right=None) -> tuple[dict, object]:
-    """Metrics of one (k, α) cell and what copy α got right (for consistency against copy 1)."""
+def _scores(gold_tags, gold_ents, pred_tags, scheme: str, first_right=None) -> tuple[dict, object, np.ndarray]:
+    """Metrics of one (k, α) cell, what copy α got right (for consistency against copy 1), and per
+    ratio metric (NER: f1, precision, recall; POS: accuracy) the (n, 2) per-sentence (numerator,
+    denominator) whose sums over sentences give the cell's corpus score (`metrics.sentence_ratios`),
+    so that its sentences can be resampled."""
     if scheme == "none":
         res = M.tag_scores(gold_tags, pred_tags)
         right = [np.array(g, dtype=object) == np.array(p, dtype=object) for g, p in zip(gold_tags, pred_tags)]
+        counts = {"accuracy": [(int(r.sum()), len(r)) for r in right]}
     else:
         pred_ents = M.entities(pred_tags, scheme)
         res = M.scores_of_entities(gold_ents, pred_ents)
         right = [set(g) & set(p) for g, p in zip(gold_ents, pred_ents)]
+        tp, n_pred, n_gold = (np.array([len(x) for x in xs], dtype=np.int64) for xs in
+                              (right, [set(p) for p in pred_ents], [set(g) for g in gold_ents]))
+        counts = {"f1": np.stack([2 * tp, n_pred + n_gold], -1), "precision": np.stack([tp, n_pred], -1),
+                  "recall": np.stack([tp, n_gold], -1)}
     if first_right is not None:
         res["consistency"] = consistency(first_right, right)
-    return res, right
+    return res, right, {k: np.asarray(v, dtype=np.int64).reshape(-1, 2) for k, v in counts.items()}
 
 
 def consistency(first_right: list, right: list) -> float | None:
@@ -217,7 +237,8 @@ def _by_alpha(cells: list[dict], k_max: int, keys: list[str], classes: list[str]
 def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
                   quantiles: tuple[float, float] | None = (0.25, 0.75), modes=MODES, max_len: int | None = None,
                   batch_tokens: int = 16_384, progress: bool = True,
-                  length_pool: tuple[np.ndarray, list[str]] | None = None, own_subtokens: bool = False) -> dict:
+                  length_pool: tuple[np.ndarray, list[str]] | None = None, own_subtokens: bool = False,
+                  keep_counts: bool = False) -> dict:
     """F1(α), Prec(α), Rec(α) (POS: accuracy(α) and the authors' sub-token F1(α)) of `model` on
     D*_test(k), k = 1..k_max, overall and per class, in `duplicate` and/or `shift` mode (module
     docstring); returns a JSON-able dict. Entities are scored in the data's own scheme (a BIOES
@@ -232,6 +253,8 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
             None: the test split's own.
         own_subtokens: POS sub-token F1 from each sub-token's own prediction (a model trained on
             every sub-token, as the authors'); else each word's prediction on all its sub-tokens.
+        keep_counts: also keep, per mode, the per-sentence counts of the ratio metrics (NumPy, not
+            JSON; `sentence_counts` takes them out) for intervals over sentences.
     """
     unknown = set(modes) - set(MODES)
     if unknown or not modes:
@@ -294,6 +317,9 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
             cells = scorer.cells(mode, rows, preds, k_max, sub_preds)
             # shift: one cell per α (its value does not depend on k), so it has no std over k
             result[mode] = {"cells": cells, "by_alpha": _by_alpha(cells, k_max, scorer.keys, scorer.classes, "f1")}
+            if keep_counts:  # metric -> (cells, n, 2) per-sentence counts (`analysis.verdict.alpha_axis`)
+                result[mode][SENTENCE_COUNTS] = {k: np.stack([c[k] for c in scorer.counts_of_cells])
+                                                 for k in scorer.counts_of_cells[0]}
     finally:
         net.train(was_training)
     seconds = time.perf_counter() - t0
@@ -391,8 +417,10 @@ class _Scorer:
     def cells(self, mode: str, rows: _Rows, preds: list[np.ndarray], k_max: int,
               sub_preds: list[np.ndarray] | None = None) -> list[dict]:
         """duplicate: a cell per (k, α ≤ k); shift: a cell per α (its k is α). `sub_preds`: per row
-        the (copies, L) label ids at every sub-token (POS)."""
+        the (copies, L) label ids at every sub-token (POS). Each cell's per-sentence counts of the
+        main metric are left in `counts_of_cells`, in cell order."""
         out = []
+        self.counts_of_cells: list[dict[str, np.ndarray]] = []
         for k in (range(1, k_max + 1) if mode == "duplicate" else [None]):
             first_right = None
             for alpha in range(1, (k or k_max) + 1):
@@ -400,7 +428,8 @@ class _Scorer:
                 sel = np.flatnonzero(rows.k == k) if mode == "duplicate" else np.flatnonzero(rows.k == alpha)
                 copy = alpha - 1 if mode == "duplicate" else 0
                 pred_tags = [list(self.labels[preds[r][copy]]) for r in sel]
-                res, right = _scores(self.gold, self.gold_ents, pred_tags, self.scheme, first_right)
+                res, right, counts = _scores(self.gold, self.gold_ents, pred_tags, self.scheme, first_right)
+                self.counts_of_cells.append(counts)
                 res["sentences"] = len(sel)  # the same subset for every k
                 if alpha == 1:
                     first_right = right

@@ -132,48 +132,63 @@ def test_metrics_json_has_the_sentence_buckets(tiny_run):
     assert sum(b["total"] * b["f1"] for b in by.values()) / 24 == pytest.approx(metrics["f1"], rel=1e-12, abs=1e-9)
 
 
-def test_diagnose_writes_the_sentence_table_and_the_bias_first(tiny_run, tmp_path):
+def test_diagnose_writes_the_sentence_table_and_the_verdict_first(tiny_run, tmp_path):
     from posbias.qa.diagnose import diagnose
 
     res = diagnose(tiny_run / "best", DEMO_DEV, tmp_path / "diag", xs=(40,), overrides=["data.max_eval_examples=40"],
-                   progress=False, bias_samples=300)
+                   progress=False, bias_samples=300, min_bucket=8)
     rows = res["tables"]["answer_sentence"]
     assert [r["segment"] for r in rows] == ["1", "2", "3", "4", "5+"] and sum(r["questions"] for r in rows) == 40
     bias = res["position_bias"]
-    assert set(bias) == {"gold_position_quartile", "answer_sentence"}
-    for b in bias.values():
-        assert b["drop"] == pytest.approx(max(b["means"].values()) - min(b["means"].values()))
-        assert b["drop_ci"][0] <= b["drop_ci"][1] and b["samples"] == 300
+    assert list(bias["axes"]) == ["gold_position_quartile", "answer_sentence"]
+    sentence = bias["axes"]["answer_sentence"]
     sentence_f1 = {r["segment"]: r["f1"] for r in rows}
-    assert bias["answer_sentence"]["means"] == pytest.approx(sentence_f1, rel=1e-12, abs=1e-9)
+    assert {b["label"]: b["score"] for b in sentence["buckets"]} == pytest.approx(sentence_f1, rel=1e-12, abs=1e-9)
+    for v in bias["axes"].values():  # every group that sets a number holds >= min_bucket questions
+        assert v["samples"] == 300 and all(g["n"] >= 8 for g in v["groups"] if g["sized"])
+        if v["front"] is not None:
+            assert v["effect"] == pytest.approx(v["front"]["score"] - v["rear"]["score"])
+            assert v["ci"][0] <= v["ci"][1]
+    assert bias["quality"]["below"]  # a 1-step model: F1 under the floor, said
     out = tmp_path / "diag"
     md = (out / "diagnosis.md").read_text(encoding="utf-8")
     headings = [line for line in md.splitlines() if line.startswith("#")]
     assert headings[1] == "## Position bias"  # right after the title
+    assert md.splitlines()[4] == f"**{bias['sentence']}**"  # then the verdict sentence
+    assert "below the quality floor of 20" in md
     assert any(h.startswith("### EM/F1 by the paragraph sentence") for h in headings)
-    assert "| answer sentence | 5 | 40 |" in md and "| gold position quartile |" in md
+    assert "| answer sentence |" in md and "| answer position |" in md
     page = (out / "diagnosis.html").read_text(encoding="utf-8")
     assert page.index("<h2>Position bias</h2>") < page.index("<table") < page.index("questions, ")
-    assert page.count("<table") == len(res["tables"]) + 1  # the bias block, then one per table
+    assert page.count("<table") == len(res["tables"]) + 1  # the verdict block, then one per table
     saved = json.loads((out / "diagnosis.json").read_text(encoding="utf-8"))
     assert list(saved)[0] == "position_bias" and "by_answer_sentence" in saved["metrics"]
+    assert saved["verdict_lines"] == res["verdict_lines"]
     assert "by_answer_sentence" in json.loads((out / "eval" / "metrics.json").read_text(encoding="utf-8"))
 
 
-def test_diagnose_cli_sets_the_bootstrap_resamples(tiny_run, tmp_path, capsys):
+def test_diagnose_cli_prints_the_verdict_not_the_report(tiny_run, tmp_path, capsys):
     from posbias.cli import main
 
-    def run(out, samples):
+    def run(out, samples, *extra):
         return main(["-q", "diagnose", "qa", "--model", str(tiny_run / "best"), "--data", str(DEMO_DEV),
-                     "--output-dir", str(tmp_path / out), "--bootstrap-samples", samples, "data.max_eval_examples=12"])
+                     "--output-dir", str(tmp_path / out), "--bootstrap-samples", samples, *extra,
+                     "data.max_eval_examples=12"])
 
-    assert run("d0", "0") == 0
+    assert run("d0", "0", "--min-bucket", "4") == 0
+    printed = capsys.readouterr().out
     bias = json.loads((tmp_path / "d0" / "diagnosis.json").read_text(encoding="utf-8"))["position_bias"]
-    assert any(bias.values())
-    for b in (b for b in bias.values() if b):
-        assert b["samples"] == 0 and b["drop_ci"] is None and b["psi_ci"] is None
-    assert "No intervals (0 bootstrap resamples)" in (tmp_path / "d0" / "diagnosis.md").read_text(encoding="utf-8")
-    capsys.readouterr()
+    assert bias["samples"] == 0 and bias["min_size"] == 4
+    for v in bias["axes"].values():
+        assert v["ci"] is None and v["psi_ci"] is None and (v["trend"] is None or v["trend"]["ci"] is None)
+    assert printed.splitlines()[0].startswith("Position bias of ") and "12 questions" in printed
+    assert bias["sentence"] in printed and f"report: {tmp_path / 'd0'}/diagnosis.md" in printed
+    assert "## Position bias" not in printed and len(printed.splitlines()) < 15  # not the whole markdown
+    assert run("d1", "0", "--verbose") == 0
+    verbose = capsys.readouterr().out
+    assert "## Position bias" in verbose and "### F1 by quarter" in verbose and "report: " in verbose
     assert run("bad", "-1") == 2
     assert "bootstrap_samples must be an integer >= 0" in capsys.readouterr().err
+    assert run("bad", "10", "--min-bucket", "0") == 2
+    assert "min_bucket must be a positive integer" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()

@@ -168,9 +168,14 @@ def test_consistency_by_hand():
     ents = posbias.tagging.metrics.entities(gold, "iob2")
     copy1 = [["B-PER", "O", "B-LOC"], ["O", "O", "O"]]  # 2 entities right
     copy2 = [["B-PER", "O", "O"], ["B-ORG", "O", "O"]]  # of those, only PER still right
-    _, right1 = D._scores(gold, ents, copy1, "iob2")
-    res, _ = D._scores(gold, ents, copy2, "iob2", first_right=right1)
+    _, right1, _ = D._scores(gold, ents, copy1, "iob2")
+    res, _, counts = D._scores(gold, ents, copy2, "iob2", first_right=right1)
     assert res["consistency"] == 50.0 and res["f1"] == pytest.approx(80.0)  # P 2/2, R 2/3
+    # per sentence (2 TP, predicted + gold) etc.: their sums give the corpus scores back
+    assert counts["f1"].tolist() == [[2, 3], [2, 2]] and counts["precision"].tolist() == [[1, 1], [1, 1]]
+    assert counts["recall"].tolist() == [[1, 2], [1, 1]]
+    f1, p, r = (100 * counts[k][:, 0].sum() / counts[k][:, 1].sum() for k in ("f1", "precision", "recall"))
+    assert (f1, p, r) == (pytest.approx(res["f1"]), pytest.approx(res["precision"]), pytest.approx(res["recall"]))
 
 
 def test_bad_options_are_one_line_errors(wordpiece):
