@@ -1,13 +1,19 @@
-"""A standard Hugging Face Trainer NER fine-tune, plus posbias: a position-bias mitigation (RPP or
+r"""A standard Hugging Face Trainer NER fine-tune, plus posbias: a position-bias mitigation (RPP or
 Context Perturbation) as a data collator, and F1(alpha) on duplicated test sets at every evaluation.
 
     python examples/hf_ner_trainer.py --model bert-base-cased --train train.conll --dev dev.conll \
         --out runs/hf_ner --method rpp
+    python examples/hf_ner_trainer.py --model minilm --train demo:wnut-train --dev demo:wnut-dev \
+        --out runs/hf_ner_cp --method cp --max-steps 100     # offline: posbias's bundled names
 
-Everything but the lines marked `posbias` is the usual script; drop them for the plain baseline.
+--model, --train and --dev take the names the posbias CLI takes (`minilm`, `demo:...`,
+`shared:...`). Everything but the lines marked `posbias` is the usual script; drop them for the
+plain baseline.
 """
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from datasets import Dataset
 from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification, Trainer,
@@ -15,6 +21,9 @@ from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCo
 
 import posbias  # posbias
 import posbias.hf  # posbias
+from posbias.config import resolve_path  # posbias: `demo:` / `shared:` data names
+from posbias.encoders import local_dir  # posbias: `minilm`, a local folder or a Hub id
+from posbias.errors import ConfigError, PosbiasError  # posbias
 from posbias.tagging.readers import read_tagging  # CoNLL / CoNLL-U reader (any words + tags source works)
 
 
@@ -24,21 +33,30 @@ def load(path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="Hub id or local folder of an encoder")
-    ap.add_argument("--train", required=True)
-    ap.add_argument("--dev", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--method", choices=["none", "rpp", "cp"], default="rpp")
-    ap.add_argument("--mode", choices=["replace", "augment"], default="augment", help="augment: the authors' clean + perturbed step")
-    ap.add_argument("--max-steps", type=int, default=1000)
-    ap.add_argument("--lr", type=float, default=2e-4)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--cp-max-len", type=int, default=None, help="CP's M (default: the model's position table)")
-    ap.add_argument("--k-max", type=int, default=10)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="encoder: a local folder, a Hub id, or `minilm` (the bundled MiniLM)")
+    ap.add_argument("--train", required=True, help="CoNLL / CoNLL-U training file, or a posbias name (demo:wnut-train)")
+    ap.add_argument("--dev", required=True, help="CoNLL / CoNLL-U file for evaluation and F1(alpha)")
+    ap.add_argument("--out", required=True, help="folder of the saved model")
+    ap.add_argument("--method", choices=["none", "rpp", "cp"], default="rpp",
+                    help="mitigation: Random Position Perturbation, Context Perturbation, or none (default: rpp)")
+    ap.add_argument("--mode", choices=["replace", "augment"], default="augment",
+                    help="augment (default): the authors' clean + perturbed step; replace: the perturbed batch only")
+    ap.add_argument("--max-steps", type=int, default=1000, help="optimizer steps (default: 1000)")
+    ap.add_argument("--lr", type=float, default=2e-4, help="peak learning rate (default: 2e-4)")
+    ap.add_argument("--batch-size", type=int, default=16, help="sentences per batch (default: 16)")
+    ap.add_argument("--max-length", type=int, default=128, help="tokens kept of a sentence (default: 128)")
+    # 128: the M of BENCHMARKS.md's CoNLL runs (bench/hf_trainer_conll.py); the paper's whole table (512) packs 4x the tokens.
+    ap.add_argument("--cp-max-len", type=int, default=128,
+                    help="CP's M, the most tokens of a concatenation of sentences (default: 128; the paper: the "
+                         "model's whole position table, e.g. 512, several times slower on a CPU)")
+    ap.add_argument("--k-max", type=int, default=10, help="F1(alpha) on test copies k = 1..K_MAX (default: 10)")
     ap.add_argument("--seed", type=int, default=42)
     args = ap.parse_args(argv)
+    args.model = local_dir(resolve_path(args.model), "--model")  # posbias: the CLI's model names
+    args.train, args.dev = resolve_path(args.train), resolve_path(args.dev)  # posbias: the CLI's data names
+    if not (Path(args.model) / "config.json").is_file():  # posbias: one line, not transformers' guesses
+        raise ConfigError(f"--model: {args.model} holds no config.json (not a model folder)")
 
     train, dev = load(args.train), load(args.dev)
     labels = sorted({t for tags in train["tags"] for t in tags})
@@ -82,5 +100,16 @@ def main(argv=None):
     return metrics
 
 
+def run(argv=None) -> int:
+    """main(), with bad input (a missing file, an unknown name) reported in one line, exit code 2, as
+    the posbias CLI does."""
+    try:
+        main(argv)
+    except (PosbiasError, OSError) as e:  # OSError: a file or folder that cannot be read or written
+        print(f"{Path(__file__).name}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run())

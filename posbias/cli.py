@@ -68,7 +68,8 @@ def _device_arg(p):
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="posbias", description=(
         "Train, evaluate and diagnose extractive QA and token-classification (NER, POS) models with "
-        "respect to position bias. Configs are YAML presets (see configs/) with key.sub=value overrides."))
+        "respect to position bias. Configs are YAML files or bundled preset names (demo, tiny, ...) with "
+        "key.sub=value overrides."))
     ap.add_argument("-q", "--quiet", action="store_true",
                     help="no progress output (bars on a terminal, periodic lines in a log file); results still print")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -161,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("experiment", help="multi-seed method comparisons: run a grid, report it")
     ex = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = ex.add_parser("run", help="run (or resume) every run of an experiment spec")
-    q.add_argument("spec", help="experiment YAML, e.g. configs/experiments/smoke.yaml, or a preset name")
+    q.add_argument("spec", help="experiment YAML, or the name of a bundled spec (e.g. smoke)")
     q.add_argument("--output-dir", default=None, help="default: the spec's output_dir")
     q.add_argument("--launcher", default="local", choices=["local", "accelerate"],
                    help="local: in this process; accelerate: each run via `accelerate launch`")
