@@ -234,8 +234,10 @@ def test_experiment_report_shows_the_bias_first(tmp_path):
     assert sections[:2] == ["## Position bias", "## Results"]
     assert "| – | val | gold_position_quartile | base | Q1 (n=40) | Q2 (n=40) | 40.00 | – | 0.500 | 1 | too few" in md
     assert "| – | val | gold_position_quartile | rpp | Q1 (n=40) | Q2 (n=40) | 14.00 | – | 0.200 | 1 | too few" in md
+    assert ("- base (1 run), gold_position_quartile on val: the rear group (Q2) scores 40.0 points lower than the "
+            "front one (Q1) [no interval with one run]; evidence of position bias: too few runs to tell.") in md
     page = (tmp_path / "exp" / "report.html").read_text(encoding="utf-8")
-    assert page.index("<h2>Position bias</h2>") < page.index("<h2>Results</h2>")
+    assert page.index("<h2>Position bias</h2>") < page.index("<li>base (1 run)") < page.index("<h2>Results</h2>")
     report = json.loads((tmp_path / "exp" / "report.json").read_text(encoding="utf-8"))
     assert list(report)[0] == "position_bias" and len(report["position_bias"]) == 2
 

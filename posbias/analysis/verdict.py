@@ -164,13 +164,14 @@ def trend(x: Sequence[float], y: Sequence[float], *, per: float = 1.0, samples: 
     rng = np.random.default_rng(seed)
     boot, perm = np.empty(samples), np.empty(samples if permutation else 0)
     n = len(x)
+    xc = x - x.mean()
+    var = float(xc @ xc)
     for lo in range(0, samples, 200):
         m = min(200, samples - lo)
         idx = rng.integers(0, n, size=(m, n))
         boot[lo:lo + m] = _slopes(x[idx], y[idx]) * per
-        if permutation:
-            shuffled = np.argsort(rng.random((m, n)), axis=1)
-            perm[lo:lo + m] = _slopes(np.broadcast_to(x, (m, n)), y[shuffled]) * per
+        if permutation:  # the slope of shuffled scores: sum(xc * y_perm) / sum(xc^2), x's mean fixed
+            perm[lo:lo + m] = rng.permuted(np.broadcast_to(y, (m, n)), axis=1) @ xc / var * per
     out["ci"] = _percentile_ci(boot, level)
     if permutation:
         out["p"] = float((1 + np.sum(np.abs(perm) >= abs(slope) - 1e-12 * max(1.0, abs(slope)))) / (1 + samples))

@@ -211,3 +211,43 @@ def test_diagnose_tagging_on_posbias_and_hugging_face_checkpoints(tmp_path):
     ours = __import__("json").loads((tmp_path / "diag" / "diagnosis.json").read_text(encoding="utf-8"))
     first = lambda r: next(c for c in r["duplicate"]["cells"] if c["k"] == 1)  # noqa: E731
     assert first(hf)["f1"] == pytest.approx(first(ours)["f1"], abs=1e-9) and "shift" not in hf
+
+
+def _verdict(model, wordpiece, n, k_max=5, **kw):
+    from posbias.tagging.diagnose import position_verdict
+
+    res = D.position_eval(model, wordpiece, sentences(n=n, length=5), k_max=k_max, quantiles=None, progress=False,
+                          keep_counts=True)
+    counts = D.sentence_counts(res)
+    res["summary"] = D.summary(res)
+    return res, counts, position_verdict(res, counts, samples=300, **kw)
+
+
+def test_the_verdict_finds_a_planted_position_bias_with_its_sign(wordpiece):
+    res, counts, bias = _verdict(PositionOracle(wordpiece, cutoff=13), wordpiece, n=40)
+    assert all(D.SENTENCE_COUNTS not in res[m] for m in D.MODES)  # taken out: the result stays JSON
+    cells, arrays = counts["duplicate"]
+    assert arrays["f1"].shape == (len(cells), 40, 2) and set(arrays) == {"f1", "precision", "recall"}
+    for mode in D.MODES:
+        v = bias["axes"][mode]
+        curve = [r["f1_mean"] for r in res[mode]["by_alpha"]]
+        assert v["curve"] == pytest.approx(curve, rel=1e-12)  # the counts give the report's own F1(α) back
+        assert v["effect"] == pytest.approx(100.0) and v["ci"] == pytest.approx([100.0, 100.0])
+        assert v["evidence"] == "yes" and v["trend"]["slope"] < 0
+    assert bias["evidence"] == "yes" and bias["sentence"].startswith(
+        "Copy 5 scores 100.0 F1 lower than copy 1 (40 sentences, duplicate mode)")
+    assert not bias["quality"]["below"]
+
+
+def test_the_verdict_of_a_position_blind_tagger_is_no(wordpiece):
+    _, _, bias = _verdict(PositionOracle(wordpiece), wordpiece, n=40)
+    for v in bias["axes"].values():
+        assert v["effect"] == 0 and v["evidence"] == "no"
+    assert bias["sentence"].endswith("evidence of position bias: no.")
+
+
+def test_the_verdict_needs_enough_sentences(wordpiece):
+    _, _, bias = _verdict(PositionOracle(wordpiece, cutoff=13), wordpiece, n=12)
+    assert bias["evidence"] == "too few" and "fewer than 30 sentences" in bias["sentence"]
+    _, _, bias = _verdict(PositionOracle(wordpiece, cutoff=13), wordpiece, n=12, min_size=10)
+    assert bias["evidence"] == "yes"
