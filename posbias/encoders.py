@@ -416,7 +416,7 @@ def position_kind(config) -> PositionKind:
     attributes, never from a list of model names (a new architecture says it in its config).
 
     In order: an explicit `position_embedding_type` (BERT-style configs, ESM's "rotary", posbias's
-    relative_key / relative_key_query); any rotary parameter; DeBERTa's relative_attention with a
+    relative_key / relative_key_query); alibi=True; any rotary parameter; DeBERTa's relative_attention with a
     pos_att_type; T5-style relative_attention_num_buckets; Funnel's relative attention_type; no
     position table at all (no max_position_embeddings, or DeBERTa's position_biased_input=False);
     else an absolute table of max_position_embeddings rows.
@@ -434,6 +434,8 @@ def position_kind(config) -> PositionKind:
         # posbias's relative_key(_query) attention zeroes the absolute table (as 4.x skipped it).
         return found("rotary" if "rot" in str(said) else "relative", why)
     items = _config_items(config)
+    if items.get("alibi") is True:  # Falcon-style: ALiBi biases instead of its rope_theta
+        return found("none", "alibi=True")
     rotary = sorted(k for k, v in items.items() if _ROTARY_KEY.search(k) and v is not None
                     and not (k.startswith("use_") and v is False))
     if rotary:

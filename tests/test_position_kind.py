@@ -74,6 +74,8 @@ def test_a_model_type_posbias_has_never_seen_is_read_from_its_config_too():
         assert found.kind == "rotary" and found.decided_by == key
     assert position_kind(PretrainedConfig(max_position_embeddings=128)).kind == "absolute"
     assert position_kind(PretrainedConfig(use_rope=False, max_position_embeddings=128)).kind == "absolute"
+    alibi = position_kind(PretrainedConfig(alibi=True, rope_theta=10000.0))  # Falcon-style ALiBi
+    assert (alibi.kind, alibi.decided_by) == ("none", "alibi=True")
 
 
 @pytest.mark.parametrize("name", list(KINDS))
