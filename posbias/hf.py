@@ -43,8 +43,8 @@ import torch
 
 from .errors import ConfigError
 from .perturb.context_concat import concatenate_contexts
-from .perturb.position_shift import (RELATIVE_POSITION_MODELS, RELATIVE_POSITION_TYPES, sample_random_padding,
-                                     sample_randomized_positions, sample_rpp, shift_position_ids)
+from .perturb.position_shift import (sample_random_padding, sample_randomized_positions, sample_rpp, shift_effect,
+                                     shift_position_ids)
 
 METHODS = ("rpp", "random_padding", "randomized_positions")
 MODES = ("replace", "augment")
@@ -56,21 +56,27 @@ def _base_model(model):
 
 
 def position_numbering(model) -> tuple[int, int, int | None]:
-    """(first position id, padding position id, position table size) of a Hugging Face model;
-    a model whose forward takes no `position_ids` (BLOOM, XLNet, Funnel, ...) is refused by name."""
+    """(first position id, padding position id, position table size) of a Hugging Face model.
+
+    A model where shifted ids move no word is refused by name, with the config attribute that
+    says so (`shift_effect`): relative or rotary positions (DeBERTa, ModernBERT, RoFormer,
+    Llama), no position table (BLOOM, XLNet); so is a forward that takes no `position_ids`. One
+    that still moves something (DeBERTa's position_biased_input) gets a warning."""
     from .encoders import position_id_base
 
+    moves, why = shift_effect(model.config)
+    if not moves:
+        raise ConfigError(f"{type(model).__name__}: {why}; position shifting (Random Padding, RPP) cannot act on "
+                          "it; use an encoder with absolute position embeddings (BERT, RoBERTa, ELECTRA, ...) or "
+                          "Context Perturbation")
     if "position_ids" not in inspect.signature(model.forward).parameters:
         raise ConfigError(f"{type(model).__name__}.forward takes no position_ids: position shifting (Random "
                           "Padding, RPP) cannot reach this model; use an encoder with absolute position "
                           "ids (BERT, RoBERTa, ELECTRA, ...) or Context Perturbation")
-    config = model.config
-    kind = getattr(config, "position_embedding_type", "absolute")
-    if kind in RELATIVE_POSITION_TYPES or getattr(config, "model_type", None) in RELATIVE_POSITION_MODELS:
-        warnings.warn(f"{getattr(config, 'model_type', type(model).__name__)} uses relative positions; "
-                      "shifting position ids has no effect on it", stacklevel=3)
+    if why:
+        warnings.warn(f"{type(model).__name__}: {why}", stacklevel=3)
     base, pad = position_id_base(_base_model(model))
-    return base, pad, getattr(config, "max_position_embeddings", None)
+    return base, pad, getattr(model.config, "max_position_embeddings", None)
 
 
 def _leading_special(tokenizer) -> set[int]:

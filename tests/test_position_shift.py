@@ -1,7 +1,6 @@
 """Position shifts: Random Padding equals literally moving padding; Random Position Perturbation keeps
 every position in the table and samples the paper's interval; the replace / augment modes."""
 import random
-import warnings
 
 import numpy as np
 import pytest
@@ -163,15 +162,16 @@ def test_too_long_max_len_is_refused_naming_the_keys(tokenizer):
         build_config(tiny_config() | {"perturb": [{"name": "random_padding", "cap": -1}]})
 
 
-def test_relative_position_models_get_a_warning():
+def test_relative_position_models_are_refused():
+    """Relative attention counts distances by slot: shifted ids move no word (config-read, see
+    tests/test_position_kind.py for every architecture)."""
     enc = tiny_encoder("bert", position_embedding_type="relative_key", max_position_embeddings=64)
     model = QAModel(enc, IndependentHead(32), "independent", False)
     cfg = build_config(tiny_config() | {"perturb": [{"name": "random_padding", "max_len": 64}]})
     (p,) = build_perturbations(cfg.perturb, cfg)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
+    with pytest.raises(ConfigError, match=r"^perturb\[0\]: bert uses relative positions \(config "
+                                          r"position_embedding_type='relative_key'\)"):
         p.bind(model)
-    assert any("no effect" in str(x.message) for x in w)
 
 
 def test_training_with_random_padding_runs(tmp_path):

@@ -4,7 +4,6 @@ left and right padding, reproducible per seed, spread over the whole range (not 
 and a tiny tagging run train with it; bad options are refused by key; wrong samplers fail the checks."""
 import json
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -265,13 +264,11 @@ def test_range_past_the_table_and_rows_longer_than_the_range_are_refused():
         p(rows(torch.tensor([65, 3]), 1, "right", torch.tensor([True, True])), torch.Generator())
 
 
-def test_relative_position_encoders_get_the_same_warning():
+def test_relative_position_encoders_are_refused_the_same_way():
     model = tiny_tagger("bert", position_embedding_type="relative_key", max_position_embeddings=64)
     p = build({"name": "randomized_positions"}, max_seq_len=64)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
+    with pytest.raises(ConfigError, match=r"^perturb\[0\]: bert uses relative positions"):
         p.bind(model)
-    assert any("perturb[0]" in str(x.message) and "no effect" in str(x.message) for x in w)
 
 
 def test_refused_before_a_replace_context_perturbation():

@@ -52,12 +52,33 @@ import warnings
 
 import torch
 
+from ..encoders import position_kind
 from ..errors import ConfigError
 from ..registry import PERTURBATIONS
 
-# Encoders whose positions are relative or rotary: shifting absolute ids changes nothing.
-RELATIVE_POSITION_TYPES = {"relative_key", "relative_key_query", "rotary"}
-RELATIVE_POSITION_MODELS = {"roformer", "deberta", "deberta-v2", "xlnet", "t5", "funnel", "mpnet"}
+
+def shift_effect(config, takes_position_ids: bool = True) -> tuple[bool, str | None]:
+    """(whether shifting position ids moves the words of an encoder with this config, a sentence
+    saying why not, or what alone it moves; None for absolute position embeddings).
+
+    Read from the config (`posbias.encoders.position_kind`): an absolute table is what Random
+    Padding, RPP and shift mode act on. Relative attention (posbias's relative_key BERT, DeBERTa,
+    T5) counts distances by slot, and rotary positions (ModernBERT, RoFormer, Llama) see only
+    differences of ids: shifting every token but [CLS] moves no word relative to another. A model
+    that also adds absolute embeddings of the ids to its input (DeBERTa's position_biased_input,
+    MPNet) still sees those move.
+    """
+    kind = position_kind(config)
+    if kind.kind == "none":
+        return False, f"{kind}: shifted ids have no position table to index"
+    if kind.kind != "absolute" and not kind.absolute_input:
+        return False, f"{kind}: its attention sees distances between tokens, which shifted ids leave as they were"
+    if not takes_position_ids:
+        return False, f"the {kind.model_type} encoder's forward takes no position ids"
+    if kind.kind != "absolute":
+        return True, (f"{kind}: shifted ids move only its absolute input embeddings, not the distances its "
+                      "attention sees")
+    return True, None
 
 
 def shift_position_ids(attention_mask: torch.Tensor, cls_index: torch.Tensor, shift: torch.Tensor, *,
@@ -188,18 +209,19 @@ class PositionShift:
         self.base, self.pad_position = 0, 0
 
     def bind(self, model, tokenizer=None) -> None:
-        """Adopt the model's position numbering; refuse shifts past its position table. (The
-        tokenizer of the bind protocol is not needed: positions are counted over the mask.)"""
+        """Adopt the model's position numbering; refuse an encoder where shifted ids move no word
+        (`shift_effect`: relative, rotary or no positions, read from its config) and shifts past its
+        position table. (The tokenizer of the bind protocol is not needed: positions are counted
+        over the mask.)"""
         config = model.encoder.config
         self.base, self.pad_position = model.position_base, model.position_pad
-        kind = getattr(config, "position_embedding_type", "absolute")
-        if kind in RELATIVE_POSITION_TYPES or config.model_type in RELATIVE_POSITION_MODELS:
-            warnings.warn(f"{self.key}: {config.model_type} uses {kind if kind != 'absolute' else 'relative'} "
-                          "positions; shifting position ids has no effect on it", stacklevel=2)
         inputs = getattr(model, "_inputs", None)
-        if inputs is not None and not inputs.positions:
-            warnings.warn(f"{self.key}: the {config.model_type} encoder takes no position ids (no absolute "
-                          "position embeddings); shifting them has no effect on it", stacklevel=2)
+        moves, why = shift_effect(config, inputs is None or inputs.positions)
+        if not moves:
+            raise ConfigError(f"{self.key}: {why}; position shifting cannot train it (use an encoder with absolute "
+                              "position embeddings, or context_perturbation)")
+        if why:
+            warnings.warn(f"{self.key}: {why}", stacklevel=2)
         n_pos = getattr(config, "max_position_embeddings", None)
         # A head may put positions before the tokens (DyReF's two queries): they take part of the table.
         offset = getattr(model, "position_offset", 0)

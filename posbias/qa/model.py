@@ -7,27 +7,37 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..encoders import EncoderInputs, encoder_from_config, from_pretrained_quietly, load_encoder, open_tokenizer
+from ..encoders import (EncoderInputs, check_vocab_fits, encoder_from_config, from_pretrained_quietly,
+                        hf_prediction_head, load_encoder, open_tokenizer)
 from ..errors import ConfigError
+from ..parity import check_forwards, check_parity
 from ..precision import full_precision, to_float
 from ..registry import HEADS
 from . import heads as _heads  # noqa: F401  (registers the built-in heads)
+from .collate import collate
+from .examples import QAExample
+from .features import build_qa_features
+from .heads.span_scores import candidate_mask
 
 
 class QAModel(nn.Module):
     """encoder + head; `forward(batch, targets=None)` returns scores, and the loss given targets.
 
     `debias` (`posbias.qa.debias.Debias`, from `train.debias`) replaces the head's loss in training;
-    the scores, and so every prediction, are the head's alone."""
+    the scores, and so every prediction, are the head's alone. `prediction_head`: a Hugging Face
+    task model's own module between its encoder and its span layer (ModernBERT's dense + GELU +
+    LayerNorm `head`), for imported folders only; posbias's own models have none (no state_dict key)."""
 
     def __init__(self, encoder: nn.Module, head: nn.Module, head_name: str, null_answer: bool,
-                 debias: nn.Module | None = None):
+                 debias: nn.Module | None = None, prediction_head: nn.Module | None = None):
         super().__init__()
         self.encoder = encoder
+        self.prediction_head = prediction_head
         self.head = head
         self.head_name = head_name
         self.null_answer = null_answer
@@ -60,7 +70,8 @@ class QAModel(nn.Module):
         gets back whatever it returns."""
         if hasattr(self.head, "encode"):
             return self.head.encode(self.encoder, self._inputs, batch)
-        return self._inputs(self.encoder, batch)  # (b, s, d)
+        hidden = self._inputs(self.encoder, batch)  # (b, s, d)
+        return hidden if self.prediction_head is None else self.prediction_head(hidden)  # (b, s, d)
 
     def forward(self, batch: dict, targets: dict | None = None) -> dict:
         encoded = self.encode(batch)
@@ -189,8 +200,10 @@ def model_from_checkpoint(path: str, cfg, meta: dict):
 def load_hf_qa(path: str, config):
     """A Hugging Face AutoModelForQuestionAnswering folder as (QAModel, tokenizer, run config).
 
-    It becomes an `independent` head whose weights are the folder's `qa_outputs`, so any extractive
-    QA checkpoint can be evaluated here.
+    It becomes an `independent` head whose weights are the folder's start/end layer (`qa_outputs`,
+    or ModernBERT's two-output `classifier` after its `head`, which the model carries as its
+    `prediction_head`), so any start/end-vector QA checkpoint can be evaluated here. A few check
+    inputs must give the folder's own logits (`check_hf_parity`); else the folder is refused.
     """
     from transformers import AutoModelForQuestionAnswering
 
@@ -198,14 +211,56 @@ def load_hf_qa(path: str, config):
 
     hf = from_pretrained_quietly(AutoModelForQuestionAnswering, path, "checkpoint")
     tokenizer = open_tokenizer(path)
-    if not hasattr(hf, "qa_outputs"):
-        raise ConfigError(f"{path}: {type(hf).__name__} has no qa_outputs layer (only start/end-vector "
-                          "QA models can be imported)")
+    span_layer = span_layer_of(hf)
+    if span_layer is None:
+        raise ConfigError(f"{path}: {type(hf).__name__} has no qa_outputs layer nor a two-output linear classifier "
+                          "(only start/end-vector QA models can be imported)")
     encoder = getattr(hf, hf.base_model_prefix)
     head = HEADS.get("independent")(config.hidden_size, null_answer=True)
-    head.qa_outputs.load_state_dict(hf.qa_outputs.state_dict())
+    head.qa_outputs.load_state_dict(span_layer.state_dict())
     cfg = build_config({"model": {"name_or_path": path, "head": "independent"}})
-    return QAModel(encoder, head, "independent", True), tokenizer, cfg
+    model = QAModel(encoder, head, "independent", True, prediction_head=hf_prediction_head(hf))
+    check_vocab_fits(tokenizer, encoder, path)  # before the check's forwards index the table
+    check_hf_parity(model, hf, tokenizer, path)
+    return model, tokenizer, cfg
+
+
+def span_layer_of(hf):
+    """The Linear(d, 2) start/end layer of a Hugging Face QA model: `qa_outputs` (BERT and most),
+    or a two-output `classifier` (ModernBERT); None when it has neither."""
+    for name in ("qa_outputs", "classifier"):
+        layer = getattr(hf, name, None)
+        if isinstance(layer, nn.Linear) and layer.out_features == 2:
+            return layer
+    return None
+
+
+# Check inputs for parity with a Hugging Face QA model: short, of different lengths, so that the
+# batch holds padding.
+PARITY_EXAMPLES = (
+    ("What did Ada write?", "Ada Lovelace wrote the first program for the Analytical Engine in 1843."),
+    ("Where is the river?", "The river runs through the old town, past the market and into the sea."),
+    ("Who?", "Nobody knows."),
+)
+
+
+def check_hf_parity(model: QAModel, hf, tokenizer, source, *, exporting: bool = False) -> None:
+    """Refuse (`posbias.parity.check_parity`) when `model`'s start/end logits differ from the Hugging
+    Face QA model `hf`'s on `PARITY_EXAMPLES` (posbias's own windows, right-padded into one batch),
+    at the positions posbias scores: the context tokens, and [CLS] for a model with null answers."""
+    examples = [QAExample(f"parity-{i}", q, c) for i, (q, c) in enumerate(PARITY_EXAMPLES)]
+    features = build_qa_features(examples, tokenizer, max_seq_len=64, doc_stride=16, train=False,
+                                 source="parity check")
+    # Right padding: HF's default position ids (0, 1, ... from the first slot) then equal posbias's.
+    batch = collate(features, np.arange(len(features)), pad_id=tokenizer.pad_token_id, padding_side="right")
+    kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    if "token_type_ids" in batch and "token_type_ids" in inspect.signature(hf.forward).parameters:
+        kwargs["token_type_ids"] = batch["token_type_ids"]
+    scored = candidate_mask(batch["span_mask"], batch["cls_index"], model.null_answer)  # (b, s) context (+ [CLS])
+    with check_forwards(source, model, hf):
+        ours, theirs = model(batch), hf(**kwargs)
+    check_parity(source, hf, [(ours["start_logits"][scored], theirs.start_logits[scored]),
+                              (ours["end_logits"][scored], theirs.end_logits[scored])], exporting=exporting)
 
 
 def export_hf(checkpoint, out_dir):
@@ -222,7 +277,11 @@ def export_hf(checkpoint, out_dir):
         raise ConfigError(f"{checkpoint}: head {model.head_name!r} has no Hugging Face equivalent; "
                           "only the `independent` head can be exported")
     hf = hf_task_model(AutoModelForQuestionAnswering, model.encoder, checkpoint)
+    if not isinstance(getattr(hf, "qa_outputs", None), nn.Linear):
+        raise ConfigError(f"{checkpoint}: {type(hf).__name__} has no qa_outputs layer to take the `independent` "
+                          "head; it cannot be exported (evaluate it with posbias instead)")
     hf.qa_outputs.load_state_dict(model.head.qa_outputs.state_dict())
+    check_hf_parity(model, hf, tokenizer, checkpoint, exporting=True)
     out = Path(out_dir)
     hf.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))

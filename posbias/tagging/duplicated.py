@@ -27,6 +27,7 @@ b rows of a batch, s the longest row of a batch, c labels.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,7 @@ from tqdm.auto import tqdm
 from ..utils import interactive
 from ..analysis.stats import mean_std
 from ..errors import ConfigError
-from ..perturb.position_shift import RELATIVE_POSITION_MODELS, RELATIVE_POSITION_TYPES, shift_position_ids
+from ..perturb.position_shift import shift_effect, shift_position_ids
 from . import metrics as M
 from .examples import TaggingDataset, TaggingExample
 from .features import first_subtokens, separator_id, special_tokens, tokenize_sentences
@@ -97,16 +98,11 @@ def usable_length(model, tokenizer, max_len: int | None = None) -> int:
     return int(limit) if limit and limit < 100_000 else 512
 
 
-def shift_applicable(model) -> str | None:
-    """None when shifting position ids moves the words for this encoder, else why not."""
-    config = model.encoder.config
-    kind = getattr(config, "position_embedding_type", "absolute")
-    if kind in RELATIVE_POSITION_TYPES or config.model_type in RELATIVE_POSITION_MODELS:
-        return f"{config.model_type} uses relative or rotary positions: shifted ids leave its outputs unchanged"
+def shift_applicable(model) -> tuple[bool, str | None]:
+    """(whether shifting position ids moves the words for this encoder, why not or what alone it
+    moves), read from its config (`posbias.perturb.position_shift.shift_effect`)."""
     inputs = getattr(model, "_inputs", None)
-    if inputs is not None and not inputs.positions:
-        return f"{config.model_type} takes no position ids (ALiBi or similar relative biases)"
-    return None
+    return shift_effect(model.encoder.config, inputs is None or inputs.positions)
 
 
 def duplicate_input(prefix: list[int], body: np.ndarray, sep: int, suffix: list[int], k: int) -> np.ndarray:
@@ -264,6 +260,9 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
     if any(e.tags is None for e in dataset.examples):
         raise ConfigError(f"{dataset.path}: the position evaluation needs gold tags")
     net = getattr(model, "module", model)
+    shift_moves, shift_why = shift_applicable(net) if "shift" in modes else (True, None)
+    if not shift_moves and set(modes) == {"shift"}:  # nothing else to report: say so, not an empty result
+        raise ConfigError(f"shift mode cannot evaluate this model: {shift_why}")
     scheme = net.scheme
     if (dataset.scheme == "none") != (scheme == "none"):
         raise ConfigError(f"{dataset.path} has {dataset.scheme} tags but the model predicts {scheme} ones")
@@ -304,10 +303,11 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
     net.eval()
     try:
         for mode in modes:
-            why = shift_applicable(net) if mode == "shift" else None
-            if why:
-                result["shift"] = {"skipped": why}
+            if mode == "shift" and not shift_moves:
+                result["shift"] = {"skipped": shift_why}
                 continue
+            if mode == "shift" and shift_why:
+                warnings.warn(f"shift mode: {shift_why}", stacklevel=2)
             rows, build = (inputs.duplicate_rows(k_max) if mode == "duplicate"
                            else inputs.shift_rows(k_max, getattr(net, "position_base", 0),
                                                   getattr(net, "position_pad", 0)))

@@ -12,9 +12,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..encoders import (EncoderInputs, encoder_from_config, from_pretrained_quietly, hf_task_model, load_encoder,
-                        position_ids)
+from ..encoders import (EncoderInputs, check_vocab_fits, encoder_from_config, from_pretrained_quietly,
+                        hf_prediction_head, hf_task_model, load_encoder, position_ids)
 from ..errors import ConfigError
+from ..parity import check_forwards, check_parity
 from ..precision import full_precision, to_float
 from .features import IGNORE
 
@@ -22,13 +23,19 @@ from .features import IGNORE
 class TaggerModel(nn.Module):
     """encoder + dropout + Linear(d, c); `forward(batch, targets=None)` returns logits (b, s, c) and,
     given targets {"labels": (b, s)}, the mean cross-entropy over labelled tokens (HF's
-    *ForTokenClassification loss)."""
+    *ForTokenClassification loss).
+
+    `prediction_head`: a Hugging Face task model's own module between its encoder and its
+    classifier (ModernBERT's dense + GELU + LayerNorm `head`), taken as is from an imported folder
+    or a model in memory; posbias's own taggers have none (no state_dict key, as before)."""
 
     head_name = "linear"
 
-    def __init__(self, encoder: nn.Module, labels: list[str], scheme: str, dropout: float | None = None):
+    def __init__(self, encoder: nn.Module, labels: list[str], scheme: str, dropout: float | None = None,
+                 prediction_head: nn.Module | None = None):
         super().__init__()
         self.encoder = encoder
+        self.prediction_head = prediction_head
         self.labels = list(labels)
         self.scheme = scheme
         if dropout is None:  # as HF: classifier_dropout if set, else the encoder's hidden dropout
@@ -51,6 +58,8 @@ class TaggerModel(nn.Module):
 
     def forward(self, batch: dict, targets: dict | None = None) -> dict:
         hidden = self._inputs(self.encoder, batch)  # (b, s, d)
+        if self.prediction_head is not None:
+            hidden = self.prediction_head(hidden)  # (b, s, d)
         # Under autocast only the encoder runs in low precision; the classifier, loss and argmax see
         # fp32 (`posbias.precision`).
         with full_precision(hidden):
@@ -95,7 +104,8 @@ def scheme_of_labels(labels: list[str]) -> str:
 
 def load_hf_tagger(path: str, config):
     """A Hugging Face AutoModelForTokenClassification folder as (TaggerModel, tokenizer, run config);
-    labels from its config's id2label, the scheme from their prefixes."""
+    labels from its config's id2label, the scheme from their prefixes. A few check sentences must
+    give the folder's own logits (`check_hf_parity`); else the folder is refused."""
     from transformers import AutoModelForTokenClassification
 
     from ..config import build_config
@@ -108,16 +118,47 @@ def load_hf_tagger(path: str, config):
                           "heads can be imported")
     labels = [config.id2label[i] for i in range(config.num_labels)]
     encoder = getattr(hf, hf.base_model_prefix)
-    model = TaggerModel(encoder, labels, scheme_of_labels(labels))
+    model = TaggerModel(encoder, labels, scheme_of_labels(labels), prediction_head=hf_prediction_head(hf))
     model.classifier.load_state_dict(classifier.state_dict())
     cfg = build_config({"task": "tagging", "model": {"name_or_path": path}})
-    return model, tagging_tokenizer(path), cfg
+    tokenizer = tagging_tokenizer(path)
+    check_vocab_fits(tokenizer, encoder, path)  # before the check's forwards index the table
+    check_hf_parity(model, hf, tokenizer, path)
+    return model, tokenizer, cfg
+
+
+# Check sentences for parity with a Hugging Face token-classification model: short, of different
+# lengths, so that the batch holds padding.
+PARITY_SENTENCES = (
+    ["Ada", "Lovelace", "wrote", "the", "first", "program", "in", "London", "."],
+    ["The", "river", "runs", "to", "the", "sea", "."],
+    ["Hello"],
+)
+
+
+def check_hf_parity(model: TaggerModel, hf, tokenizer, source, *, exporting: bool = False) -> None:
+    """Refuse (`posbias.parity.check_parity`) when `model`'s token logits differ from the Hugging
+    Face token-classification model `hf`'s on `PARITY_SENTENCES` (right-padded into one batch), at
+    every real token."""
+    rows = [tokenizer(words, is_split_into_words=True)["input_ids"] for words in PARITY_SENTENCES]
+    s = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), s), tokenizer.pad_token_id, dtype=torch.long)  # (b, s)
+    mask = torch.zeros((len(rows), s), dtype=torch.long)  # (b, s)
+    for i, r in enumerate(rows):  # right padding: HF's default position ids then equal posbias's
+        input_ids[i, :len(r)] = torch.tensor(r)
+        mask[i, :len(r)] = 1
+    real = mask.bool()
+    with check_forwards(source, model, hf):
+        ours = model({"input_ids": input_ids, "attention_mask": mask})["logits"]
+        theirs = hf(input_ids=input_ids, attention_mask=mask).logits
+    check_parity(source, hf, [(ours[real], theirs[real])], exporting=exporting)
 
 
 def tagger_view(hf_model, labels: list[str] | None = None) -> TaggerModel:
     """A TaggerModel over a Hugging Face *ForTokenClassification model in memory, sharing (not
-    copying) its encoder and linear classifier: posbias's evaluations of a model being trained by a
-    user's own Trainer (`posbias.hf`). Labels default to the config's id2label."""
+    copying) its encoder, its pre-classifier head if it has one (ModernBERT) and its linear
+    classifier: posbias's evaluations of a model being trained by a user's own Trainer
+    (`posbias.hf`). Labels default to the config's id2label."""
     classifier = getattr(hf_model, "classifier", None)
     if not isinstance(classifier, nn.Linear):
         raise ConfigError(f"{type(hf_model).__name__} has no linear `classifier` layer; only linear token heads "
@@ -128,7 +169,7 @@ def tagger_view(hf_model, labels: list[str] | None = None) -> TaggerModel:
         raise ConfigError(f"{len(labels)} label names for a classifier of {classifier.out_features} outputs")
     with torch.random.fork_rng(devices=[]):  # building the view must not move the trainer's RNG
         view = TaggerModel(getattr(hf_model, hf_model.base_model_prefix), labels, scheme_of_labels(labels),
-                           dropout=0.0)
+                           dropout=0.0, prediction_head=hf_prediction_head(hf_model))
     view.classifier = classifier
     return view
 
@@ -145,7 +186,12 @@ def export_hf(checkpoint, out_dir) -> Path:
                        id2label=dict(enumerate(model.labels)), label2id={t: i for i, t in enumerate(model.labels)})
     if not isinstance(getattr(hf, "classifier", None), nn.Linear):
         raise ConfigError(f"{type(hf).__name__} has no linear `classifier` layer to take the token head")
+    if hf_prediction_head(hf) is not None and model.prediction_head is None:
+        raise ConfigError(f"{checkpoint}: {type(hf).__name__} puts its own `head` (dense + norm) between the encoder "
+                          "and the classifier, which this tagger was not trained with: it cannot be exported "
+                          "(evaluate it with posbias instead)")
     hf.classifier.load_state_dict(model.classifier.state_dict())
+    check_hf_parity(model, hf, tokenizer, checkpoint, exporting=True)  # any other difference in the task class
     out = Path(out_dir)
     hf.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))

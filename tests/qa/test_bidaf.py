@@ -100,9 +100,10 @@ def test_bidaf_trains_saves_reloads_and_evaluates_the_same(tmp_path, head, optio
     assert json.loads((run / "best" / "config.json").read_text(encoding="utf-8"))["model_type"] == "bidaf"
 
 
-def test_position_shifts_warn_that_bidaf_has_no_positions(tokenizer):
+def test_position_shifts_refuse_bidaf_which_has_no_positions(tokenizer):
     from posbias.perturb.position_shift import random_padding
 
     model = bidaf_model(tokenizer)
-    with pytest.warns(UserWarning, match="takes no position ids"):
+    with pytest.raises(ConfigError, match=r"^perturb\[0\]: bidaf uses no position ids \(config has no "
+                                          r"max_position_embeddings\)"):
         random_padding({}, build_config(tiny_config())).bind(model)
