@@ -120,7 +120,7 @@ def _html(title: str, intro: list[str], tables: dict, titles: dict, plots: list[
     return html_page(title, parts)
 
 
-def equal_count_bins(x: np.ndarray, min_size: int = MIN_BUCKET, max_bins: int = 12) -> list[np.ndarray]:
+def equal_count_bins(x: np.ndarray, min_size: int = MIN_BUCKET, max_bins: int = 8) -> list[np.ndarray]:
     """Indices of `x` split into consecutive bins by position, each of >= `min_size` examples (as many
     bins as that allows, at most `max_bins`); equal positions never straddle two bins."""
     order = np.argsort(x, kind="stable")
@@ -128,7 +128,7 @@ def equal_count_bins(x: np.ndarray, min_size: int = MIN_BUCKET, max_bins: int = 
     k = max(1, min(max_bins, n // max(1, min_size)))
     bins, start = [], 0
     for i in range(k):
-        stop = round((i + 1) * n / k)
+        stop = n if i == k - 1 else min(n, max(round((i + 1) * n / k), start + min_size))
         while 0 < stop < n and x[order[stop]] == x[order[stop - 1]]:
             stop += 1  # keep ties together
         if stop > start:
@@ -160,8 +160,9 @@ def plot_position_curve(positions: dict[str, int], scores: dict, max_seq_len: in
         xerr = np.array([[cx[i] - x[b].min() for i, b in enumerate(bins)], [x[b].max() - cx[i] for i, b in enumerate(bins)]])
         ax.errorbar(cx, cy, yerr=1.96 * se, xerr=xerr, fmt="o", capsize=3, elinewidth=1, ms=4,
                     label="F1 of a bin (95% CI; bar: its positions)")
-        for px, py, b in zip(cx, cy, bins):
-            ax.annotate(f"n={len(b)}", (px, py), fontsize=7, ha="center", xytext=(0, 6), textcoords="offset points")
+        for px, py, half, b in zip(cx, cy, 1.96 * se, bins):  # the count under each interval
+            ax.annotate(f"n={len(b)}", (px, py - (0 if np.isnan(half) else half)), fontsize=7, ha="center", va="top",
+                        xytext=(0, -3), textcoords="offset points")
         if np.ptp(x) > 0:
             slope, icpt = np.polyfit(x, y, 1)
             grid = np.array([x.min(), x.max()])
@@ -174,8 +175,9 @@ def plot_position_curve(positions: dict[str, int], scores: dict, max_seq_len: in
             start = _group_start(rear["label"])
             if start is not None:
                 ax.axvline(start, color="grey", ls=":", lw=1)
-                ax.annotate("front | rear", (start, ax.get_ylim()[1]), fontsize=7, ha="center", va="top", color="grey")
-        ax.legend(fontsize=7, loc="lower left")
+                ax.annotate("front | rear", (start, 0.02), xycoords=("data", "axes fraction"), fontsize=7,
+                            ha="center", va="bottom", color="grey")
+        ax.legend(fontsize=7, loc="best")
     ax.set_xlim(left=0, right=max_seq_len)
     ax.set_xlabel(f"token position of the earliest gold answer start (bins of >= {min_size} questions)")
     ax.set_ylabel("F1")

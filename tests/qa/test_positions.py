@@ -153,3 +153,20 @@ def test_diagnose_writes_position_analyses(tmp_path, tokenizer, dev_examples):
                                                                          "data.max_seq_len=128", "data.doc_stride=48"],
                               progress=False)
     assert res_hf["metrics"]["total"] == 60
+
+
+def test_position_plot_bins_hold_equal_counts_and_keep_ties_together(tmp_path):
+    import numpy as np
+
+    from posbias.qa.diagnose import equal_count_bins, plot_position_curve
+
+    x = np.r_[np.zeros(50), np.arange(100, 250)]  # 50 answers at position 0: one bin, never split
+    bins = equal_count_bins(x, min_size=30)
+    assert sorted(np.concatenate(bins).tolist()) == list(range(200)) and all(len(b) >= 30 for b in bins)
+    assert sum(any(x[i] == 0 for i in b) for b in bins) == 1 and len(bins) <= 8
+    assert [len(b) for b in equal_count_bins(np.arange(45.0), min_size=30)] == [45]  # too few for two bins
+    scores = {f"q{i}": (0.0, float(i % 2)) for i in range(200)}
+    positions = {f"q{i}": int(p) for i, p in enumerate(x)}
+    axis = {"rear": {"label": "Q2–Q4 [96,384)"}, "trend": {"ci": [-1.0, 2.0]}}
+    assert plot_position_curve(positions, scores, 384, tmp_path / "a.png", "t", 30, axis).stat().st_size > 0
+    assert plot_position_curve({}, {}, 384, tmp_path / "b.png").is_file()  # no locatable answer: an empty plot
