@@ -304,6 +304,7 @@ def _callback_base():
 # (`posbias.tagging.evaluate.align_labels`): its own arguments, not config keys.
 CALLBACK_FRONT = {"tag_column": "data=posbias.tagging.readers.read_tagging(path, tag_column={})",
                   "tag": "data=posbias.tagging.readers.read_tagging(path, tag={!r})",
+                  "tags_column": "data=posbias.hf_datasets.read_tagging_dataset(ds, tags_column={!r})",
                   "label_map": "label_map",
                   "labels": "pass labels=[...] (the tag names in id order) to PositionBiasCallback, or set "
                             "model.config.id2label and label2id"}

@@ -1,5 +1,6 @@
-"""Which other column of a tagging file holds the tags a model knows: the hint of an error about a
-file's tags ("column 1 holds the model's tags: set data.tag_column=1").
+"""What an error about a file's tags says: which other column holds the tags a model knows ("the
+file's column 1 (NNP, VBD, ...) holds the model's tags: set data.tag_column=1"), and the tags
+themselves as the file writes them.
 
 A CoNLL file's tag is its last column unless `data.tag_column` says otherwise, and CoNLL-2003 has
 four (word POS chunk NER): a POS model pointed at it reads the NER column, and a file whose NER
@@ -16,12 +17,17 @@ from dataclasses import dataclass
 
 from ..errors import DataError
 from ..records import read_text
-from .schemes import parse_tag
+from ..hf_datasets import tag_lists
+from .conll import word_rows
+from .conllu import read_conllu
+from .examples import TaggingDataset
+from .schemes import convert, parse_tag
 
 # How the user of a front sets what these hints suggest: config keys (the CLI's overrides, the API's
 # `overrides`, YAML). `posbias.hf` passes PositionBiasCallback's arguments instead; the CLI rewrites
 # the keys it has flags for (`--tag-column`).
-CONFIG_FRONT = {"tag_column": "data.tag_column={}", "tag": "data.tag={}", "label_map": "data.label_map",
+CONFIG_FRONT = {"tag_column": "data.tag_column={}", "tag": "data.tag={}", "tags_column": "data.tags_column={}",
+                "label_map": "data.label_map",
                 "labels": "set id2label and label2id there to the tag names the model was trained with"}
 
 # A column is offered when at least this share of its tags (entity words for an entity model) are
@@ -31,8 +37,8 @@ MIN_SHARE = 0.5
 
 @dataclass
 class Column:
-    """Another column of a file: its reader option (`tag_column` = 1, `tag` = "xpos"), a name for
-    messages, and every tag in it in file order."""
+    """Another column of a file or dataset: its reader option (`tag_column` = 1, `tag` = "xpos",
+    `tags_column` = "pos_tags") and value, its name in messages, and every tag in it in order."""
 
     option: str
     value: int | str
@@ -46,41 +52,39 @@ def other_columns(dataset) -> list[Column]:
     read_as = getattr(dataset, "read_as", None)
     if not read_as:
         return []
+    if "dataset" in read_as:  # a datasets.Dataset: its other columns of tag lists (pos_tags, chunk_tags)
+        ds = read_as["dataset"]
+        cols = []
+        for name in ds.column_names:
+            if name not in (read_as["words_column"], read_as["tags_column"]):
+                tags = tag_lists(ds, name)
+                if tags:
+                    cols.append(Column("tags_column", name, f"the dataset's column {name!r}", tags))
+        return cols
     if "tag" in read_as:  # CoNLL-U: the other of UPOS and XPOS
-        from .conllu import read_conllu
-
         other = "xpos" if read_as["tag"] == "upos" else "upos"
         try:
             sets = [read_conllu(p, tag=other, on_bad_record="skip") for p in read_as["paths"]]
         except (DataError, ValueError):  # e.g. a file without XPOS
             return []
         tags = [t for ds in sets for e in ds.examples for t in e.tags]
-        return [Column("tag", other, f"{other.upper()} column", tags)] if tags else []
+        return [Column("tag", other, f"the file's {other.upper()} column", tags)] if tags else []
     if read_as.get("tag_column") is None:
         return []
-    from .conll import _split, _usual_width
-
     by_column: dict[int, list[str]] = {}
-    width = None
+    width, word, tag = None, read_as["word_column"], read_as["tag_column"]
     for path in read_as["paths"]:
         try:
-            sentences = _split(read_text(path), read_as["word_column"], True)
+            w, rows = word_rows(path, word)
         except (DataError, OSError):
             return []
-        w = _usual_width(sentences)
-        if w is None or (width is not None and w != width):
+        if w is None or (width is not None and w != width) or not (-w <= word < w and -w <= tag < w):
             return []  # shards of different layouts: no column index names the same thing in all
         width = w
-        skip = {read_as["word_column"] % w, read_as["tag_column"] % w} if -w <= read_as["tag_column"] < w else None
-        if skip is None or not -w <= read_as["word_column"] < w:
-            return []
-        for s in sentences:
-            for cols in s.rows:
-                if len(cols) == w:
-                    for c in range(w):
-                        if c not in skip:
-                            by_column.setdefault(c, []).append(cols[c])
-    return [Column("tag_column", c, f"column {c}", tags) for c, tags in sorted(by_column.items())]
+        for c in range(w):
+            if c not in (word % w, tag % w):
+                by_column.setdefault(c, []).extend(cols[c] for cols in rows)
+    return [Column("tag_column", c, f"the file's column {c}", tags) for c, tags in sorted(by_column.items())]
 
 
 def _entity_types(tags: list[str]) -> list[str] | None:
@@ -139,7 +143,7 @@ def setting(col: Column, front: dict) -> str:
 
 def hint(col: Column, front: dict, what: str = "the model's tags") -> str:
     """`the file's column 3 (B-PER, I-PER, ...) holds the model's tags: set data.tag_column=3 (...)`."""
-    return f"the file's {col.name} ({examples(col.tags)}) holds {what}: set {setting(col, front)}"
+    return f"{col.name} ({examples(col.tags)}) holds {what}: set {setting(col, front)}"
 
 
 def entity_hint(cols: list[Column], front: dict = CONFIG_FRONT) -> str:
@@ -149,7 +153,29 @@ def entity_hint(cols: list[Column], front: dict = CONFIG_FRONT) -> str:
     if len(found) == 1:
         return hint(found[0], front, "entity tags")
     if found:
-        named = " and ".join(f"{c.name} ({examples(c.tags)})" for c in found)
+        named = " and ".join(f"column {c.value} ({examples(c.tags)})" for c in found)
         return (f"the file's {named} hold entity tags: set {front['tag_column'].format('N')} to one of them "
                 "(columns count from 0)")
     return "read them as per-word labels with data.scheme none"
+
+
+def tags_kind(tags, scheme: str) -> str:
+    """`entity tags (B-PER, I-PER, ...)` or `per-word tags (NOUN, VERB, ...)`, for messages."""
+    return f"{'per-word' if scheme == 'none' else 'entity'} tags ({examples(list(tags))})"
+
+
+def file_tags(dataset: TaggingDataset) -> list[str]:
+    """Every gold tag as the file writes it (IOB2 for CoNLL-2003, not the BIOES `data.label_scheme`
+    converted it to for a model), for messages the user checks against the file."""
+    shown = dataset.file_scheme
+    if dataset.scheme in ("none", shown):
+        return [t for e in dataset.examples for t in e.tags or []]
+    return [t for e in dataset.examples if e.tags for t in convert(e.tags, dataset.scheme, shown)]
+
+
+def scheme_mismatch(dataset: TaggingDataset, labels: list[str], scheme: str) -> str:
+    """Why a model of `scheme` cannot be scored on `dataset`: entity tags for a per-word model, or
+    the reverse."""
+    where = " in its tag column" if dataset.format == "conll" else ""
+    return (f"{dataset.path} has {tags_kind(file_tags(dataset), dataset.scheme)}{where}, but the model predicts "
+            f"{tags_kind(labels, scheme)}")

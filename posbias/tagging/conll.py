@@ -25,7 +25,6 @@ from pathlib import Path
 from ..errors import DataError
 from ..records import check_on_bad_record, read_text
 from .examples import TaggingDataset, TaggingExample
-from .columns import Column, entity_hint, examples
 from .schemes import ENTITY_SCHEMES, TagSequenceError, convert, detect_scheme, parse_tag, validate
 
 SCHEMES = ("auto",) + ENTITY_SCHEMES + ("none",)
@@ -88,6 +87,14 @@ def read_conll(path, *, word_column: int = 0, tag_column: int | None = -1, schem
     ds = _read_sentences(path, sentences, word_column, tag_column, scheme, on_bad_record, "conll")
     ds.read_as = {"paths": [path], "word_column": word_column, "tag_column": tag_column}
     return ds
+
+
+def word_rows(path, word_column: int = 0) -> tuple[int | None, list[list[str]]]:
+    """(the file's usual column count, the columns of each word line of that count): every column
+    of the file, for `posbias.tagging.columns` to look for tags in another one."""
+    sentences = _split(read_text(str(path)), word_column, True)
+    width = _usual_width(sentences)
+    return width, [cols for s in sentences for cols in s.rows if len(cols) == width]
 
 
 def read_word_tag_rows(name: str, rows, *, scheme: str = "auto", on_bad_record: str = "error") -> TaggingDataset:
@@ -274,10 +281,12 @@ def _check_entity_column(path, sentences: list[_Sentence], scheme: str, width: i
     tags = [t for s in sentences for t in s.tags]
     if not tags or any(t == "O" or _ENTITY_SHAPED.match(t) for t in tags):
         return
+    from .columns import Column, entity_hint, examples  # the error's wording; that module reads files with this one
+
     others = []
     if width is not None and unit == "line":
         skip = {word_column % width, tag_column % width}
-        others = [Column("tag_column", c, f"column {c}", [cols[c] for s in sentences for cols in s.rows])
+        others = [Column("tag_column", c, f"the file's column {c}", [cols[c] for s in sentences for cols in s.rows])
                   for c in range(width) if c not in skip]
     where = f"its tag column ({tag_column})" if unit == "line" else "its tags"
     raise DataError(path, None, f"the scheme was declared {scheme}, but {where} holds no entity tag, only per-word "

@@ -22,6 +22,7 @@ from .collate import collate
 from .examples import TaggingDataset, TaggingExample
 from .features import TaggingFeatures, build_tagging_features
 from .model import generic_label_names
+from .schemes import parse_tag
 
 WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)  # raw text -> words (runs of word characters, or punctuation)
 
@@ -126,7 +127,7 @@ def evaluate_dataset(model, tokenizer, cfg, dataset: TaggingDataset, out_dir=Non
     was trained on every sub-token (`data.label_subtokens: all`, as the authors'), else its word's."""
     net = _unwrap(model)
     if (dataset.scheme == "none") != (net.scheme == "none"):
-        raise ConfigError(scheme_mismatch(dataset, net.labels, net.scheme))
+        raise ConfigError(columns.scheme_mismatch(dataset, net.labels, net.scheme))
     pos = net.scheme == "none"
     ran = predict_examples(model, tokenizer, cfg, dataset.examples, source=dataset.path, accelerator=accelerator,
                            progress=progress, subtokens=pos)
@@ -174,36 +175,12 @@ def write_predictions(out_dir, examples: list[TaggingExample], preds: list[list[
     atomic_write_text(Path(out_dir) / "predictions.conll", "\n".join(lines) + "\n")
 
 
-def tags_kind(tags, scheme: str) -> str:
-    """`entity tags (B-PER, I-PER, ...)` or `per-word tags (NOUN, VERB, ...)`, for messages."""
-    return f"{'per-word' if scheme == 'none' else 'entity'} tags ({columns.examples(list(tags))})"
-
-
-def file_tags(dataset: TaggingDataset) -> list[str]:
-    """Every gold tag as the file writes it (IOB2 for CoNLL-2003, not the BIOES `data.label_scheme`
-    converted it to for a model), for messages the user checks against the file."""
-    from .schemes import convert
-
-    shown = dataset.file_scheme
-    if dataset.scheme in ("none", shown):
-        return [t for e in dataset.examples for t in e.tags or []]
-    return [t for e in dataset.examples if e.tags for t in convert(e.tags, dataset.scheme, shown)]
-
-
-def scheme_mismatch(dataset: TaggingDataset, labels: list[str], scheme: str) -> str:
-    """Why a model of `scheme` cannot be scored on `dataset`: entity tags for a per-word model, or
-    the reverse."""
-    where = " in its tag column" if dataset.format == "conll" else ""
-    return (f"{dataset.path} has {tags_kind(file_tags(dataset), dataset.scheme)}{where}, but the model predicts "
-            f"{tags_kind(labels, scheme)}")
-
-
 def _generic_names(dataset, labels, scheme, label_map, label_source, front) -> str | None:
     """The error for a model whose labels are transformers' placeholders (LABEL_0, ...) on data
     whose tags they cannot name, or None."""
     if not generic_label_names(labels):
         return None
-    data_tags = set(file_tags(dataset))
+    data_tags = set(columns.file_tags(dataset))
     per_word = dataset.scheme == "none"
     if per_word and {str((label_map or {}).get(t, t)) for t in data_tags} <= set(labels):
         return None  # POS tags mapped onto the placeholders by label_map, or data named LABEL_k itself
@@ -213,7 +190,7 @@ def _generic_names(dataset, labels, scheme, label_map, label_source, front) -> s
         how += f", or map the data's tags onto them with {front['label_map']}='{{{first}: {labels[0]}, ...}}'"
     return (f"{label_source or 'the model config'}: the label names (id2label) are generic, {labels[0]}.."
             f"{labels[-1]} (transformers' default when a config sets none), so posbias cannot match them to the "
-            f"{tags_kind(file_tags(dataset), dataset.scheme)} of {dataset.path}; {how}")
+            f"{columns.tags_kind(columns.file_tags(dataset), dataset.scheme)} of {dataset.path}; {how}")
 
 
 def align_labels(dataset: TaggingDataset, labels: list[str], scheme: str, label_map: dict | None, *,
@@ -227,8 +204,6 @@ def align_labels(dataset: TaggingDataset, labels: list[str], scheme: str, label_
     LABEL_k (`label_source`: where they came from, e.g. the folder's config.json), or another
     column of the file holding the model's tags (`posbias.tagging.columns`). `front`: how the
     caller's user sets things (`columns.CONFIG_FRONT`: config keys)."""
-    from .schemes import parse_tag
-
     def kind(tag):  # the class a tag names: its entity type, or the whole tag (POS)
         return parse_tag(tag)[1] if scheme != "none" else tag
 
@@ -249,7 +224,7 @@ def align_labels(dataset: TaggingDataset, labels: list[str], scheme: str, label_
     if generic:
         raise ConfigError(generic)
     if (dataset.scheme == "none") != (scheme == "none"):  # POS data for an NER model or the reverse
-        raise ConfigError(scheme_mismatch(dataset, labels, scheme) + other_column())
+        raise ConfigError(columns.scheme_mismatch(dataset, labels, scheme) + other_column())
     if label_map:
         from dataclasses import replace
 
@@ -280,7 +255,8 @@ def align_labels(dataset: TaggingDataset, labels: list[str], scheme: str, label_
 
 def _evaluate_aligned(model, tokenizer, cfg, dataset, out_dir=None, *, progress: bool = True) -> dict:
     net = _unwrap(model)
-    aligned = align_labels(dataset, net.labels, net.scheme, cfg.data.label_map, label_source=net.label_source)
+    aligned = align_labels(dataset, net.labels, net.scheme, cfg.data.label_map,
+                           label_source=getattr(net, "label_source", None))
     return evaluate_dataset(model, tokenizer, cfg, aligned, out_dir, progress=progress)
 
 

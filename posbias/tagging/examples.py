@@ -42,7 +42,8 @@ class TaggingDataset:
             length_subset`), its description: quantiles, length bounds, sentences before and after.
         read_as: where the reader took the tags from, so that an error about them can look at the
             file's other columns (`posbias.tagging.columns`): {"paths": [...], "word_column": ...,
-            "tag_column": ...} (CoNLL) or {"paths": [...], "tag": "upos"} (CoNLL-U); None otherwise.
+            "tag_column": ...} (CoNLL), {"paths": [...], "tag": "upos"} (CoNLL-U), or {"dataset":
+            the `datasets.Dataset`, "words_column": ..., "tags_column": ...}; None otherwise.
     """
 
     path: str
