@@ -343,6 +343,16 @@ def run(args) -> int:
     return 0
 
 
+def _in_flags(message: str, args) -> str:
+    """An error's suggested config keys as this command's flags, where it has them (`score tagging`
+    and `data stats` take --tag-column, --tag and --scheme rather than overrides)."""
+    if not hasattr(args, "tag_column"):
+        return message
+    for key, flag in (("data.tag_column=", "--tag-column "), ("data.tag=", "--tag "), ("data.scheme ", "--scheme ")):
+        message = message.replace(key, flag)
+    return message
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     # Overrides may come after flags (`train qa -c x --resume a.b=1`), which argparse's positional
@@ -363,7 +373,7 @@ def main(argv=None) -> int:
     try:
         return run(args)
     except PosbiasError as e:
-        print(f"posbias: error: {e}", file=sys.stderr)
+        print(f"posbias: error: {_in_flags(str(e), args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("posbias: interrupted", file=sys.stderr)

@@ -14,7 +14,7 @@ from typing import Union, get_args, get_origin, get_type_hints
 import yaml
 
 from .devices import check_device_spec
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 RESOURCES = PACKAGE_DIR / "resources"
@@ -196,14 +196,37 @@ def _check_type(value, tp, key):
     return value
 
 
-def _from_dict(cls, d: dict, prefix: str = ""):
+def dotted_keys(cls, prefix: str = "") -> list[str]:
+    """Every dotted key of a config dataclass (`train.lr`, `data.max_seq_len`, ...), sections included."""
+    hints, out = get_type_hints(cls), []
+    for f in dataclasses.fields(cls):
+        out.append(prefix + f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += dotted_keys(hints[f.name], f"{prefix}{f.name}.")
+    return out
+
+
+def _unknown_key(cls, key, prefix: str, root) -> ConfigError:
+    """`unknown config key train.lrr; did you mean train.lr?`: the closest key of the section, else a
+    key of that name in another section (`data.lr` -> `train.lr`), else the section's keys listed."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    hint = did_you_mean(key, names, prefix=prefix)
+    if not hint and root is not None and isinstance(key, str):
+        elsewhere = [k for k in dotted_keys(root) if k.rsplit(".", 1)[-1] == key and k != prefix + key]
+        hint = f"; did you mean {elsewhere[0]}?" if elsewhere else ""
+    return ConfigError(f"unknown config key {prefix}{key}" + (hint or f"; known keys here: {sorted(names)}"))
+
+
+def _from_dict(cls, d: dict, prefix: str = "", root=None):
+    """`cls` built from a mapping, each value checked against its annotation; `root`: the whole
+    config's class, where a key put in the wrong section is looked for."""
     if not isinstance(d, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {d!r}")
     hints = get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = [k for k in d if k not in names]
     if unknown:
-        raise ConfigError(f"unknown config key {prefix}{unknown[0]}; known keys here: {sorted(names)}")
+        raise _unknown_key(cls, unknown[0], prefix, root if root is not None or prefix else cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in d:
@@ -211,7 +234,7 @@ def _from_dict(cls, d: dict, prefix: str = ""):
         tp = hints[f.name]
         key = prefix + f.name
         if dataclasses.is_dataclass(tp):
-            kwargs[f.name] = _from_dict(tp, d[f.name] or {}, key + ".")
+            kwargs[f.name] = _from_dict(tp, d[f.name] or {}, key + ".", root or cls)
         else:
             kwargs[f.name] = _check_type(d[f.name], tp, key)
     return cls(**kwargs)
@@ -357,7 +380,8 @@ def save_config(cfg: RunConfig, path) -> None:
 
 def choice(value, allowed, key):
     if value not in allowed:
-        raise ConfigError(f"{key} must be one of {list(allowed)}, got {value!r}")
+        raise ConfigError(f"{key} must be one of {list(allowed)}, got {value!r}"
+                          + did_you_mean(value, [a for a in allowed if a is not None], quote=True))
 
 
 def validate(cfg: RunConfig) -> None:
@@ -416,7 +440,8 @@ def check_trackers(value) -> list[str]:
     names = [n for n in names if n != "none"]
     for n in names:
         if n not in TRACKERS:
-            raise ConfigError(f"train.report_to: unknown tracker {n!r}; choose from {', '.join(TRACKERS)}")
+            raise ConfigError(f"train.report_to: unknown tracker {n!r}"
+                              + (did_you_mean(n, TRACKERS, quote=True) or f"; choose from {', '.join(TRACKERS)}"))
     return names
 
 

@@ -53,7 +53,7 @@ import numpy as np
 import yaml
 
 from .config import RunConfig, build_config, deep_merge, load_yaml, parse_overrides
-from .errors import ConfigError, RunError
+from .errors import ConfigError, RunError, did_you_mean
 from .registry import SEGMENTERS
 
 try:
@@ -151,7 +151,8 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
         spec = load_yaml(spec)
     unknown = sorted(set(spec) - SPEC_KEYS)
     if unknown:
-        raise ConfigError(f"experiment spec: unknown key {unknown[0]!r}; known keys: {sorted(SPEC_KEYS)}")
+        raise ConfigError(f"experiment spec: unknown key {unknown[0]!r}"
+                          + (did_you_mean(unknown[0], SPEC_KEYS, quote=True) or f"; known keys: {sorted(SPEC_KEYS)}"))
     for key in ("name", "methods", "seeds"):
         if key not in spec:
             raise ConfigError(f"experiment spec: {key} is required")
@@ -230,13 +231,16 @@ def _position_eval_spec(value, eval_sets: dict, runs: list[Run]) -> dict[str, di
         raise ConfigError("experiment spec: position_eval must be a mapping eval set -> options")
     for name, options in value.items():
         if name not in eval_sets:
-            raise ConfigError(f"experiment spec: position_eval.{name} is not one of the eval_sets {sorted(eval_sets)}")
+            raise ConfigError(f"experiment spec: position_eval.{name} is not one of the eval_sets {sorted(eval_sets)}"
+                              + did_you_mean(name, eval_sets, prefix="position_eval."))
         if not isinstance(options or {}, dict):
             raise ConfigError(f"experiment spec: position_eval.{name} must be a mapping of options")
         unknown = set(options or {}) - POSITION_EVAL_OPTIONS
         if unknown:
-            raise ConfigError(f"experiment spec: position_eval.{name}.{sorted(unknown)[0]} is not an option "
-                              f"({', '.join(sorted(POSITION_EVAL_OPTIONS))})")
+            bad = sorted(unknown)[0]
+            raise ConfigError(f"experiment spec: position_eval.{name}.{bad} is not an option"
+                              + (did_you_mean(bad, POSITION_EVAL_OPTIONS, prefix=f"position_eval.{name}.")
+                                 or f" ({', '.join(sorted(POSITION_EVAL_OPTIONS))})"))
     for task in {r.config.task for r in runs}:
         if not hasattr(get_task(task), "position_eval_checkpoint"):
             raise ConfigError(f"experiment spec: position_eval is not available for task {task!r}")

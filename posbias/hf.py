@@ -306,6 +306,16 @@ def _callback_base():
     return TrainerCallback
 
 
+# How a PositionBiasCallback user sets what an error about the labels suggests
+# (`posbias.tagging.evaluate.align_labels`): its own arguments, not config keys.
+CALLBACK_FRONT = {"tag_column": "data=posbias.tagging.readers.read_tagging(path, tag_column={})",
+                  "tag": "data=posbias.tagging.readers.read_tagging(path, tag={!r})",
+                  "tags_column": "data=posbias.hf_datasets.read_tagging_dataset(ds, tags_column={!r})",
+                  "label_map": "label_map",
+                  "labels": "pass labels=[...] (the tag names in id order) to PositionBiasCallback, or set "
+                            "model.config.id2label and label2id"}
+
+
 class PositionBiasCallback(_callback_base()):
     """At each evaluation, F1(α) of the model on the duplicated test sets D*_test(k) (Ben Amor et al.,
     §3; `posbias.tagging.duplicated.position_eval`), added to the Trainer's metrics as
@@ -381,7 +391,8 @@ class PositionBiasCallback(_callback_base()):
             spec = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"
         device = next(model.parameters()).device
         view = tagger_view(model, self.labels)
-        dataset = align_labels(self.dataset, view.labels, view.scheme, self.label_map)
+        dataset = align_labels(self.dataset, view.labels, view.scheme, self.label_map, label_source=view.label_source,
+                               front=CALLBACK_FRONT)
         with autocast(device, resolve_precision(spec, device, "precision")):
             result = position_eval(view, self.tokenizer, dataset, k_max=self.k_max, quantiles=self.quantiles,
                                    modes=("duplicate",), batch_tokens=self.batch_tokens, progress=False,

@@ -8,7 +8,7 @@ with `text` and `answer_start` lists, optional `title`); an empty `answers` is u
 """
 from __future__ import annotations
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 
 TOKEN_COLUMNS = ("tokens", "words")
 TAG_COLUMNS = ("ner_tags", "tags", "labels", "upos", "pos_tags", "xpos")
@@ -48,7 +48,8 @@ def _column(ds, wanted, candidates, what) -> str:
     cols = list(ds.column_names)
     if wanted:
         if wanted not in cols:
-            raise ConfigError(f"{dataset_name(ds)}: no column {wanted!r} ({what}); columns: {cols}")
+            raise ConfigError(f"{dataset_name(ds)}: no column {wanted!r} ({what})"
+                              + (did_you_mean(wanted, cols, quote=True) or f"; columns: {cols}"))
         return wanted
     found = next((c for c in candidates if c in cols), None)
     if found is None:
@@ -70,7 +71,27 @@ def read_tagging_dataset(ds, *, tags_column: str | None = None, scheme: str = "a
         for r in ds:
             ts = r[tags]
             yield r[words], [names[t] for t in ts] if names else ts
-    return read_word_tag_rows(dataset_name(ds), rows(), scheme=scheme, on_bad_record=on_bad_record)
+    out = read_word_tag_rows(dataset_name(ds), rows(), scheme=scheme, on_bad_record=on_bad_record)
+    out.read_as = {"dataset": ds, "words_column": words, "tags_column": tags}
+    return out
+
+
+def tag_lists(ds, column: str) -> list[str] | None:
+    """Every tag of a column of tag lists, as names (a `Sequence(ClassLabel)` column's ids named), in
+    row order; None for a column that does not hold tag names (numbers without names, text)."""
+    names = getattr(getattr(ds.features[column], "feature", None), "names", None)
+    out = []
+    for value in ds[column]:
+        if not isinstance(value, (list, tuple)):
+            return None
+        for t in value:
+            if names and isinstance(t, int) and not isinstance(t, bool) and 0 <= t < len(names):
+                out.append(names[t])
+            elif isinstance(t, str):
+                out.append(t)
+            else:
+                return None
+    return out
 
 
 def read_squad_dataset(ds, *, on_bad_record: str = "error"):

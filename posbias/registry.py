@@ -23,10 +23,11 @@ class Registry:
     def get(self, name: str, key: str | None = None) -> Callable[..., Any]:
         """The factory for `name`; `key` is the dotted config key named in the error."""
         if name not in self._table:
-            from .errors import ConfigError
+            from .errors import ConfigError, did_you_mean
 
             where = f"{key}: " if key else ""
-            raise ConfigError(f"{where}unknown {self.kind} {name!r}; choose one of {self.names()}")
+            raise ConfigError(f"{where}unknown {self.kind} {name!r}"
+                              + (did_you_mean(name, self.names(), quote=True) or f"; choose one of {self.names()}"))
         return self._table[name]
 
     def names(self) -> list[str]:

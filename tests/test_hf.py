@@ -205,6 +205,31 @@ def test_f1_alpha_callback_adds_metrics(bert_tok, tmp_path):
     assert direct["eval_f1_alpha_3"] == pytest.approx(metrics["eval_f1_alpha_3"])
 
 
+def test_f1_alpha_callback_names_generic_labels_and_the_right_column(bert_tok, tmp_path):
+    """A model whose config never set id2label (LABEL_0..LABEL_4) is refused by name, with the
+    callback's own way out (labels=...); a file whose NER tags are not its last column gets the
+    column to read, in read_tagging's words."""
+    conll = tmp_path / "dev.conll"
+    conll.write_text("\n\n".join("\n".join(f"{w} {t}" for w, t in zip(*s)) for s in SENTENCES * 3) + "\n",
+                     encoding="utf-8")
+    torch.manual_seed(0)
+    generic = BertForTokenClassification(BertConfig(vocab_size=len(bert_tok), max_position_embeddings=64,
+                                                    num_labels=len(LABELS), **SMALL))
+    cb = PositionBiasCallback(conll, bert_tok, k_max=2, alphas=(1, 2), quantiles=None)
+    with pytest.raises(ConfigError, match=r"^model\.config: the label names \(id2label\) are generic, LABEL_0\.\."
+                                          r"LABEL_4 .* entity tags \(B-PER, .*pass labels=\[\.\.\.\] \(the tag names "
+                                          r"in id order\) to PositionBiasCallback"):
+        cb.position_metrics(generic)
+    named = PositionBiasCallback(conll, bert_tok, labels=LABELS, k_max=2, alphas=(1, 2), quantiles=None)
+    assert set(named.position_metrics(generic)) == {"eval_f1_alpha_1", "eval_f1_alpha_2"}
+    swapped = tmp_path / "ner_pos.conll"  # word NER POS: the default (last) column is POS
+    swapped.write_text("\n\n".join("\n".join(f"{w} {t} NN" for w, t in zip(*s)) for s in SENTENCES) + "\n",
+                       encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"the file's column 1 \(B-PER, .*\) holds the model's tags: set "
+                                          r"data=posbias\.tagging\.readers\.read_tagging\(path, tag_column=1\) "):
+        PositionBiasCallback(swapped, bert_tok, k_max=2, quantiles=None).position_metrics(bert(bert_tok))
+
+
 def test_f1_alpha_callback_follows_the_trainers_bf16(bert_tok, tmp_path):
     """precision="trainer": TrainingArguments(bf16=True) runs the duplicated-test forwards under bf16
     autocast (seen as the dtype of a linear layer's output), fp32 otherwise; a bad value is refused."""

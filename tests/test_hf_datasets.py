@@ -66,6 +66,26 @@ def test_dataset_errors_name_the_row_or_the_splits():
         read_tagging_dataset(dd)
 
 
+def test_a_dataset_column_holding_the_models_tags_is_named():
+    """HF's conll2003 has pos_tags, chunk_tags and ner_tags; a POS model reads ner_tags by default."""
+    from posbias.hf_datasets import read_tagging_dataset
+    from posbias.tagging.evaluate import align_labels
+
+    pos = ["NNP", "VBD", "TO", "NN"]
+    features = datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
+                                  "pos_tags": datasets.Sequence(datasets.ClassLabel(names=pos)),
+                                  "ner_tags": datasets.Sequence(datasets.ClassLabel(names=LABELS))})
+    ds = datasets.Dataset.from_dict({"tokens": [["Ana", "went", "to", "Oslo"]], "pos_tags": [[0, 1, 2, 0]],
+                                     "ner_tags": [[1, 0, 0, 3]]}, features=features)
+    with pytest.raises(ConfigError, match=r"the dataset's column 'pos_tags' \(NNP, VBD, TO\) holds the model's tags: "
+                                          r"set data\.tags_column=pos_tags$"):
+        align_labels(read_tagging_dataset(ds), pos, "none", None)
+    align_labels(read_tagging_dataset(ds, tags_column="pos_tags"), pos, "none", None)  # read right: no error
+    align_labels(read_tagging_dataset(ds), LABELS, "iob2", None)
+    with pytest.raises(ConfigError, match=r"no column 'pos_tag' \(tag\); did you mean 'pos_tags'\?$"):
+        read_tagging_dataset(ds, tags_column="pos_tag")
+
+
 def squad_dataset(examples):
     return datasets.Dataset.from_dict({
         "id": [e.id for e in examples], "title": [e.title for e in examples], "context": [e.context for e in examples],

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from ..registry import PERTURBATIONS
 from ..tagging.features import IGNORE, separator_id, special_tokens
 
@@ -183,7 +183,9 @@ def context_perturbation(options: dict, cfg, key: str = "perturb[0]") -> Context
     """Options: `max_len` M (default data.max_seq_len; the paper uses the whole table, 512)."""
     unknown = set(options) - {"max_len"}  # `mode` is taken off by posbias.perturb.build_perturbations
     if unknown:
-        raise ConfigError(f"{key}: unknown option {sorted(unknown)[0]!r} for context_perturbation (max_len; and mode)")
+        bad = sorted(unknown)[0]
+        raise ConfigError(f"{key}: unknown option {bad!r} for context_perturbation"
+                          + (did_you_mean(bad, ["max_len", "mode"], prefix=f"{key}.") or " (max_len; and mode)"))
     if getattr(cfg, "task", "tagging") != "tagging":
         raise ConfigError(f"{key}: context_perturbation concatenates tagging sentences; task {cfg.task!r} "
                           "has no word labels to carry along")

@@ -53,7 +53,7 @@ import warnings
 import torch
 
 from ..encoders import position_kind
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from ..registry import PERTURBATIONS
 
 
@@ -248,8 +248,10 @@ def _check_options(options: dict, allowed: set, name: str, key: str) -> None:
     # `mode` (replace/augment) is taken off the entry by posbias.perturb.build_perturbations.
     unknown = set(options) - allowed
     if unknown:
-        raise ConfigError(f"{key}: unknown option {sorted(unknown)[0]!r} for {name} ({', '.join(sorted(allowed))}; "
-                          "and mode)")
+        bad = sorted(unknown)[0]
+        raise ConfigError(f"{key}: unknown option {bad!r} for {name}"
+                          + (did_you_mean(bad, [*allowed, "mode"], prefix=f"{key}.")
+                             or f" ({', '.join(sorted(allowed))}; and mode)"))
     for opt in allowed:
         v = options.get(opt)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from ..registry import SEGMENTERS
 from .examples import QAExample
 
@@ -87,7 +87,8 @@ def _check_options(options: dict, key: str) -> None:
     """Called by the experiment spec loader: errors name `segments[i].<option>`."""
     for k in options:
         if k != "edges":
-            raise ConfigError(f"{key}.{k}: unknown option of answer_length (it takes edges)")
+            raise ConfigError(f"{key}.{k}: unknown option of answer_length"
+                              + (did_you_mean(k, ["edges"], prefix=f"{key}.") or " (it takes edges)"))
     check_edges(options.get("edges", DEFAULT_EDGES), f"{key}.edges")
 
 

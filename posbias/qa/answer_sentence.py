@@ -8,7 +8,7 @@ unanswerable questions.
 """
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from ..registry import SEGMENTERS
 from .examples import QAExample
 from .sentences import DEFAULT_LAST, NO_ANSWER, answer_sentence as sentence_of, sentence_label
@@ -45,7 +45,8 @@ def _check_options(options: dict, key: str) -> None:
     """Called by the experiment spec loader: errors name `segments[i].<option>`."""
     for k in options:
         if k != "last":
-            raise ConfigError(f"{key}.{k}: unknown option of answer_sentence (it takes last)")
+            raise ConfigError(f"{key}.{k}: unknown option of answer_sentence"
+                              + (did_you_mean(k, ["last"], prefix=f"{key}.") or " (it takes last)"))
     check_last(options.get("last", DEFAULT_LAST), f"{key}.last")
 
 

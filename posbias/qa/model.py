@@ -14,7 +14,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..encoders import (EncoderInputs, check_vocab_fits, encoder_from_config, from_pretrained_quietly,
                         hf_prediction_head, load_encoder, open_tokenizer)
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from ..parity import check_forwards, check_parity
 from ..precision import full_precision, to_float
 from ..registry import HEADS
@@ -159,10 +159,31 @@ def make_head(name: str, hidden_size: int, null_answer: bool, options: dict, *,
     if "softmax_over" in params and softmax_over_default is not None:
         options.setdefault("softmax_over", softmax_over_default)
     filled = {"embedding_size": embedding_size} if "embedding_size" in params and embedding_size else {}
+    known = head_option_names(factory)
+    unknown = sorted(k for k in options if k not in known)
+    if unknown:
+        raise ConfigError(f"model.head_options: unknown option {unknown[0]!r} for head {name!r}"
+                          + (did_you_mean(unknown[0], known, prefix="model.head_options.")
+                             or f" (it takes {', '.join(known) or 'none'})"))
     try:
         return factory(hidden_size, null_answer=null_answer, **options, **filled)
     except TypeError as e:  # an option the head does not take
         raise ConfigError(f"model.head_options for head {name!r}: {e}") from None
+
+
+def head_option_names(factory) -> list[str]:
+    """The options a head factory takes: its keyword parameters, or for a factory that forwards
+    `**options` to the head class it returns (`matrix`), that class's."""
+    params = inspect.signature(factory).parameters
+    names = [p for p, v in params.items() if v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)]
+    if any(v.kind == v.VAR_KEYWORD for v in params.values()):
+        from typing import get_type_hints
+
+        returned = get_type_hints(factory).get("return")
+        if isinstance(returned, type):
+            init = inspect.signature(returned.__init__).parameters
+            names += [p for p, v in init.items() if v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)]
+    return sorted(set(names) - {"self", "hidden_size", "null_answer", *_FILLED})
 
 
 def head_softmax_default(name: str | None) -> str | None:

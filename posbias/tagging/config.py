@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import ModelConfig, RunConfig, TrainConfig, choice
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 
 
 @dataclass
@@ -97,10 +97,10 @@ class TaggingConfig(RunConfig):
         if m.head is None:
             m.head = "linear"
         choice(m.head, ["linear"], "model.head")
-        unknown = set(m.head_options) - {"dropout"}
+        unknown = sorted(set(m.head_options) - {"dropout"})
         if unknown:
-            raise ConfigError(f"model.head_options: unknown option {sorted(unknown)[0]!r} for the linear "
-                              "token head (dropout)")
+            raise ConfigError(f"model.head_options: unknown option {unknown[0]!r} for the linear token head"
+                              + (did_you_mean(unknown[0], ["dropout"], prefix="model.head_options.") or " (dropout)"))
         choice(d.format, ["auto", "conll", "conllu"], "data.format")
         choice(d.train_subset, ["first", "random"], "data.train_subset")
         choice(d.tag, ["upos", "xpos"], "data.tag")

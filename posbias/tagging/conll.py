@@ -84,7 +84,17 @@ def read_conll(path, *, word_column: int = 0, tag_column: int | None = -1, schem
     text = read_text(path)
     sentences = _split(text, word_column, docstart)
     _check_is_conll(path, text, sentences)
-    return _read_sentences(path, sentences, word_column, tag_column, scheme, on_bad_record, "conll")
+    ds = _read_sentences(path, sentences, word_column, tag_column, scheme, on_bad_record, "conll")
+    ds.read_as = {"paths": [path], "word_column": word_column, "tag_column": tag_column}
+    return ds
+
+
+def word_rows(path, word_column: int = 0) -> tuple[int | None, list[list[str]]]:
+    """(the file's usual column count, the columns of each word line of that count): every column
+    of the file, for `posbias.tagging.columns` to look for tags in another one."""
+    sentences = _split(read_text(str(path)), word_column, True)
+    width = _usual_width(sentences)
+    return width, [cols for s in sentences for cols in s.rows if len(cols) == width]
 
 
 def read_word_tag_rows(name: str, rows, *, scheme: str = "auto", on_bad_record: str = "error") -> TaggingDataset:
@@ -132,6 +142,8 @@ def _read_sentences(path: str, sentences: list, word_column: int, tag_column, sc
         if not entity:
             _check_typed(path, sentences, unit)
         scheme = "auto" if entity else "none"
+    if tag_column is not None and scheme in ENTITY_SCHEMES:
+        _check_entity_column(path, sentences, scheme, width, word_column, tag_column, unit)
     if tag_column is not None and scheme != "none":
         sentences = keep(sentences, lambda s: _parse_tags(path, s, unit))
         source, hint = scheme, ""
@@ -259,6 +271,26 @@ def _check_typed(path, sentences: list[_Sentence], unit: str = "line") -> None:
                 raise DataError(path, f"{unit} {n}", f"entity tag {tag!r} has no type, and no tag in the file has one: "
                                                      f"give the entities a type (e.g. {tag}X), or read the tags as "
                                                      "per-word labels with data.scheme none")
+
+
+def _check_entity_column(path, sentences: list[_Sentence], scheme: str, width: int | None, word_column: int,
+                         tag_column: int, unit: str = "line") -> None:
+    """A file declared to hold entity tags whose tag column has not one (POS tags, CoNLL-2003 read
+    at column 1) is the wrong column, not a file of bad sentences: every sentence but the all-O ones
+    would be dropped under skip. So it always raises, naming the columns that do hold entity tags."""
+    tags = [t for s in sentences for t in s.tags]
+    if not tags or any(t == "O" or _ENTITY_SHAPED.match(t) for t in tags):
+        return
+    from .columns import Column, entity_hint, examples  # the error's wording; that module reads files with this one
+
+    others = []
+    if width is not None and unit == "line":
+        skip = {word_column % width, tag_column % width}
+        others = [Column("tag_column", c, f"the file's column {c}", [cols[c] for s in sentences for cols in s.rows])
+                  for c in range(width) if c not in skip]
+    where = f"its tag column ({tag_column})" if unit == "line" else "its tags"
+    raise DataError(path, None, f"the scheme was declared {scheme}, but {where} holds no entity tag, only per-word "
+                                f"tags ({examples(tags)}); {entity_hint(others)}")
 
 
 def _check_not_mixed(path, sentences: list[_Sentence], unit: str = "line") -> None:

@@ -46,7 +46,7 @@ def read_conllu(path, *, tag: str = "upos", on_bad_record: str = "error") -> Tag
             skipped.append((str(e.record), e.reason))
     if not examples and not skipped:
         raise DataError(path, None, "no sentences in the file (it is empty or holds only comments)")
-    return TaggingDataset(path, "conllu", "none", examples, skipped)
+    return TaggingDataset(path, "conllu", "none", examples, skipped, read_as={"paths": [path], "tag": tag})
 
 
 def _blocks(text: str):

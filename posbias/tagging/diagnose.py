@@ -368,7 +368,7 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
         ds = read_for(data, cfg)
         if cfg.data.max_eval_examples:
             ds.examples = ds.examples[: cfg.data.max_eval_examples]
-        ds = align_labels(ds, net.labels, net.scheme, cfg.data.label_map)
+        ds = align_labels(ds, net.labels, net.scheme, cfg.data.label_map, label_source=net.label_source)
         # D*'s bounds: quantiles of the lengths `data.length_pool` names (the model's config:
         # train + dev pooled by default, the authors' rule), or of this file's own.
         pool = length_pool(cfg) if quantiles else None

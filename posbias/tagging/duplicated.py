@@ -39,6 +39,7 @@ from ..analysis.stats import mean_std
 from ..errors import ConfigError
 from ..perturb.position_shift import shift_effect, shift_position_ids
 from . import metrics as M
+from .columns import scheme_mismatch
 from .examples import TaggingDataset, TaggingExample
 from .features import first_subtokens, separator_id, special_tokens, tokenize_sentences
 
@@ -265,7 +266,7 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
         raise ConfigError(f"shift mode cannot evaluate this model: {shift_why}")
     scheme = net.scheme
     if (dataset.scheme == "none") != (scheme == "none"):
-        raise ConfigError(f"{dataset.path} has {dataset.scheme} tags but the model predicts {scheme} ones")
+        raise ConfigError(scheme_mismatch(dataset, net.labels, scheme))
     t0 = time.perf_counter()
     subset, info = length_subset(dataset.examples, quantiles, pool=length_pool)
     labels = np.array(net.labels, dtype=object)

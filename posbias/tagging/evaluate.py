@@ -17,10 +17,12 @@ from tqdm.auto import tqdm
 from ..batching import eval_batches, move
 from ..errors import ConfigError
 from ..utils import atomic_write_json, atomic_write_text, interactive
-from . import metrics
+from . import columns, metrics
 from .collate import collate
 from .examples import TaggingDataset, TaggingExample
 from .features import TaggingFeatures, build_tagging_features
+from .model import generic_label_names
+from .schemes import parse_tag
 
 WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)  # raw text -> words (runs of word characters, or punctuation)
 
@@ -125,7 +127,7 @@ def evaluate_dataset(model, tokenizer, cfg, dataset: TaggingDataset, out_dir=Non
     was trained on every sub-token (`data.label_subtokens: all`, as the authors'), else its word's."""
     net = _unwrap(model)
     if (dataset.scheme == "none") != (net.scheme == "none"):
-        raise ConfigError(f"{dataset.path} has {dataset.scheme} tags but the model predicts {net.scheme} ones")
+        raise ConfigError(columns.scheme_mismatch(dataset, net.labels, net.scheme))
     pos = net.scheme == "none"
     ran = predict_examples(model, tokenizer, cfg, dataset.examples, source=dataset.path, accelerator=accelerator,
                            progress=progress, subtokens=pos)
@@ -173,13 +175,35 @@ def write_predictions(out_dir, examples: list[TaggingExample], preds: list[list[
     atomic_write_text(Path(out_dir) / "predictions.conll", "\n".join(lines) + "\n")
 
 
-def align_labels(dataset: TaggingDataset, labels: list[str], scheme: str, label_map: dict | None) -> TaggingDataset:
+def _generic_names(dataset, labels, scheme, label_map, label_source, front) -> str | None:
+    """The error for a model whose labels are transformers' placeholders (LABEL_0, ...) on data
+    whose tags they cannot name, or None."""
+    if not generic_label_names(labels):
+        return None
+    data_tags = set(columns.file_tags(dataset))
+    per_word = dataset.scheme == "none"
+    if per_word and {str((label_map or {}).get(t, t)) for t in data_tags} <= set(labels):
+        return None  # POS tags mapped onto the placeholders by label_map, or data named LABEL_k itself
+    how = front["labels"]
+    if per_word:  # a per-word tag can be mapped to a placeholder; an entity tag's prefix cannot
+        first = sorted(data_tags)[0] if data_tags else "NOUN"
+        how += f", or map the data's tags onto them with {front['label_map']}='{{{first}: {labels[0]}, ...}}'"
+    return (f"{label_source or 'the model config'}: the label names (id2label) are generic, {labels[0]}.."
+            f"{labels[-1]} (transformers' default when a config sets none), so posbias cannot match them to the "
+            f"{columns.tags_kind(columns.file_tags(dataset), dataset.scheme)} of {dataset.path}; {how}")
+
+
+def align_labels(dataset: TaggingDataset, labels: list[str], scheme: str, label_map: dict | None, *,
+                 label_source: str | None = None, front: dict = columns.CONFIG_FRONT) -> TaggingDataset:
     """`dataset` with its classes renamed by `label_map` (data entity type or POS tag -> the model's;
     `O` drops an entity type), checked against the model's `labels`: a data class the model cannot
     predict is a warning, and with no class in common (PER vs person) a ConfigError naming both sets
-    instead of a silent F1 of 0."""
-    from .schemes import parse_tag
+    instead of a silent F1 of 0.
 
+    The errors name the real cause where it can be found: label names left at transformers'
+    LABEL_k (`label_source`: where they came from, e.g. the folder's config.json), or another
+    column of the file holding the model's tags (`posbias.tagging.columns`). `front`: how the
+    caller's user sets things (`columns.CONFIG_FRONT`: config keys)."""
     def kind(tag):  # the class a tag names: its entity type, or the whole tag (POS)
         return parse_tag(tag)[1] if scheme != "none" else tag
 
@@ -192,8 +216,15 @@ def align_labels(dataset: TaggingDataset, labels: list[str], scheme: str, label_
         new = label_map.get(typ, typ)
         return "O" if new == "O" else f"{prefix}-{new}"
 
-    if (dataset.scheme == "none") != (scheme == "none"):
-        return dataset  # POS data for an NER model or the reverse: the scheme check names that
+    def other_column(what: str = "the model's tags") -> str:
+        col = columns.matching_column(dataset, labels, scheme, label_map)
+        return f"; {columns.hint(col, front, what)}" if col is not None else ""
+
+    generic = _generic_names(dataset, labels, scheme, label_map, label_source, front)
+    if generic:
+        raise ConfigError(generic)
+    if (dataset.scheme == "none") != (scheme == "none"):  # POS data for an NER model or the reverse
+        raise ConfigError(columns.scheme_mismatch(dataset, labels, scheme) + other_column())
     if label_map:
         from dataclasses import replace
 
@@ -204,22 +235,29 @@ def align_labels(dataset: TaggingDataset, labels: list[str], scheme: str, label_
     unknown = sorted(data_classes - model_classes)
     what = "entity types" if scheme != "none" else "tags"
     if unknown and data_classes & model_classes:  # a model trained without some rare classes
+        share = columns.known_share([t for e in dataset.examples for t in e.tags or []], labels, scheme)
+        better = other_column() if share < columns.MIN_SHARE else ""
+        if better:  # most of the column is foreign to the model, and another column is not: the wrong one
+            raise ConfigError(f"{dataset.path}: the model can predict only {share:.1%} of the data's {what} (not "
+                              f"{', '.join(unknown[:4])}{', ...' if len(unknown) > 4 else ''}){better}")
         import warnings
 
         warnings.warn(f"{dataset.path}: the model cannot predict the data's {what} {unknown} (it knows "
                       f"{sorted(model_classes)}); they count as misses", stacklevel=3)
-    elif unknown:  # nothing in common: the label names differ (PER vs person)
+    elif unknown:  # nothing in common: another column, or the label names differ (PER vs person)
+        example = f"{unknown[0]}: {sorted(model_classes)[0] if model_classes else 'O'}"
         raise ConfigError(f"{dataset.path}: the data's {what} {unknown} are not among the model's "
-                          f"{sorted(model_classes)}; map them with data.label_map (e.g. "
-                          f"data.label_map='{{{unknown[0]}: {sorted(model_classes)[0] if model_classes else 'O'}}}', "
-                          "O drops a type)")
+                          f"{sorted(model_classes)}" + (other_column() or
+                          f"; map them with {front['label_map']} (e.g. {front['label_map']}='{{{example}}}', "
+                          "O drops a type)"))
     return dataset
 
 
 def _evaluate_aligned(model, tokenizer, cfg, dataset, out_dir=None, *, progress: bool = True) -> dict:
     net = _unwrap(model)
-    return evaluate_dataset(model, tokenizer, cfg, align_labels(dataset, net.labels, net.scheme, cfg.data.label_map),
-                            out_dir, progress=progress)
+    aligned = align_labels(dataset, net.labels, net.scheme, cfg.data.label_map,
+                           label_source=getattr(net, "label_source", None))
+    return evaluate_dataset(model, tokenizer, cfg, aligned, out_dir, progress=progress)
 
 
 def evaluate_checkpoint(model, data, output_dir=None, overrides=None, progress: bool = True) -> dict:
@@ -251,6 +289,13 @@ def predict_checkpoint(model, text: str | None = None, data=None, output_dir=Non
         raise ConfigError("predict tagging needs either text or data")
     with staged_output(output_dir) as out:
         net, tokenizer, cfg = load_for_eval(model, overrides, "tagging")
+        if generic_label_names(net.labels):  # the predictions still come out, under names that say nothing
+            import warnings
+
+            warnings.warn(f"{net.label_source or model}: the label names (id2label) are generic, {net.labels[0]}.."
+                          f"{net.labels[-1]} (transformers' default when a config sets none), so the predicted "
+                          "tags are these names and no entities are found; set id2label and label2id there to "
+                          "the tag names the model was trained with", stacklevel=2)
         t0 = time.time()
         spans, skipped = None, []
         if data is not None:

@@ -40,6 +40,10 @@ class TaggingDataset:
         skipped: (record, reason) for each sentence dropped under `on_bad_record: skip`.
         length_subset: when `data.length_quantiles` kept only D* (see `posbias.tagging.duplicated.
             length_subset`), its description: quantiles, length bounds, sentences before and after.
+        read_as: where the reader took the tags from, so that an error about them can look at the
+            file's other columns (`posbias.tagging.columns`): {"paths": [...], "word_column": ...,
+            "tag_column": ...} (CoNLL), {"paths": [...], "tag": "upos"} (CoNLL-U), or {"dataset":
+            the `datasets.Dataset`, "words_column": ..., "tags_column": ...}; None otherwise.
     """
 
     path: str
@@ -49,6 +53,7 @@ class TaggingDataset:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     source_scheme: str | None = None
     length_subset: dict | None = None
+    read_as: dict | None = None
 
     @property
     def file_scheme(self) -> str:

@@ -6,6 +6,7 @@ Shape legend: b batch, s sequence, d hidden, c labels.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -30,6 +31,9 @@ class TaggerModel(nn.Module):
     or a model in memory; posbias's own taggers have none (no state_dict key, as before)."""
 
     head_name = "linear"
+    label_source: str | None = None
+    """Where the label names came from, when not from posbias's training (an imported folder's
+    config.json): errors about the names point there."""
 
     def __init__(self, encoder: nn.Module, labels: list[str], scheme: str, dropout: float | None = None,
                  prediction_head: nn.Module | None = None):
@@ -92,6 +96,15 @@ def model_from_checkpoint(path: str, cfg, meta: dict):
     return TaggerModel(encoder, meta["labels"], meta["scheme"], dropout=meta.get("dropout")), tokenizer
 
 
+_PLACEHOLDER = re.compile(r"LABEL_[0-9]+")
+
+
+def generic_label_names(labels: list[str]) -> bool:
+    """Whether every label is transformers' placeholder `LABEL_<i>`: the id2label of a config that
+    never set one, which names no tag (scored on tagged data, every tag would look foreign)."""
+    return bool(labels) and all(isinstance(t, str) and _PLACEHOLDER.fullmatch(t) for t in labels)
+
+
 def scheme_of_labels(labels: list[str]) -> str:
     """`bioes`, `iob2` or `none`, from a label list's prefixes (for Hugging Face folders)."""
     prefixes = {t.split("-", 1)[0] for t in labels if "-" in t and t.split("-", 1)[0] in "BIES"}
@@ -119,6 +132,7 @@ def load_hf_tagger(path: str, config):
     labels = [config.id2label[i] for i in range(config.num_labels)]
     encoder = getattr(hf, hf.base_model_prefix)
     model = TaggerModel(encoder, labels, scheme_of_labels(labels), prediction_head=hf_prediction_head(hf))
+    model.label_source = str(Path(path) / "config.json")
     model.classifier.load_state_dict(classifier.state_dict())
     cfg = build_config({"task": "tagging", "model": {"name_or_path": path}})
     tokenizer = tagging_tokenizer(path)
@@ -164,6 +178,7 @@ def tagger_view(hf_model, labels: list[str] | None = None) -> TaggerModel:
         raise ConfigError(f"{type(hf_model).__name__} has no linear `classifier` layer; only linear token heads "
                           "can be evaluated")
     config = hf_model.config
+    source = "labels" if labels is not None else "model.config"
     labels = list(labels) if labels is not None else [config.id2label[i] for i in range(config.num_labels)]
     if len(labels) != classifier.out_features:
         raise ConfigError(f"{len(labels)} label names for a classifier of {classifier.out_features} outputs")
@@ -171,6 +186,7 @@ def tagger_view(hf_model, labels: list[str] | None = None) -> TaggerModel:
         view = TaggerModel(getattr(hf_model, hf_model.base_model_prefix), labels, scheme_of_labels(labels),
                            dropout=0.0, prediction_head=hf_prediction_head(hf_model))
     view.classifier = classifier
+    view.label_source = source
     return view
 
 

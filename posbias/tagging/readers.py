@@ -89,5 +89,8 @@ def _join(parts: list[TaggingDataset], on_bad_record: str) -> TaggingDataset:
     sources = [d.source_scheme for d in parts]
     source = sources[0] if len(set(sources)) == 1 else ", ".join(str(s) for s in sources)
     scheme = voting[0].scheme if voting else first.scheme
+    read_as = None
+    if all(d.read_as for d in parts):  # the same options for every shard: one file's, with every path
+        read_as = {**first.read_as, "paths": [p for d in parts for p in d.read_as["paths"]]}
     return TaggingDataset(", ".join(d.path for d in parts), first.format, scheme, examples, skipped,
-                          source_scheme=source)
+                          source_scheme=source, read_as=read_as)
