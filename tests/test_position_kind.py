@@ -1,4 +1,4 @@
-"""How an encoder uses positions is read from its config (`posbias.encoders.position_kind`), and
+"""How an encoder uses positions is read from its config (`posbias.position_kind`), and
 every position-shifting method refuses, by model type and config attribute, an encoder where
 shifted ids move no word: Random Padding / RPP in training (API and CLI), shift mode of the
 tagging diagnosis, and the `posbias.hf` collator."""

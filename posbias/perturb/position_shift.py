@@ -52,7 +52,7 @@ import warnings
 
 import torch
 
-from ..encoders import position_kind
+from ..position_kind import position_kind
 from ..errors import ConfigError, did_you_mean
 from ..registry import PERTURBATIONS
 
@@ -61,7 +61,7 @@ def shift_effect(config, takes_position_ids: bool = True) -> tuple[bool, str | N
     """(whether shifting position ids moves the words of an encoder with this config, a sentence
     saying why not, or what alone it moves; None for absolute position embeddings).
 
-    Read from the config (`posbias.encoders.position_kind`): an absolute table is what Random
+    Read from the config (`posbias.position_kind`): an absolute table is what Random
     Padding, RPP and shift mode act on. Relative attention (posbias's relative_key BERT, DeBERTa,
     T5) counts distances by slot, and rotary positions (ModernBERT, RoFormer, Llama) see only
     differences of ids: shifting every token but [CLS] moves no word relative to another. A model

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..errors import DataError
 from ..records import check_on_bad_record, read_text
+from .column_hints import Column, entity_hint, examples
 from .examples import TaggingDataset, TaggingExample
 from .schemes import ENTITY_SCHEMES, TagSequenceError, convert, detect_scheme, parse_tag, validate
 
@@ -281,8 +282,6 @@ def _check_entity_column(path, sentences: list[_Sentence], scheme: str, width: i
     tags = [t for s in sentences for t in s.tags]
     if not tags or any(t == "O" or _ENTITY_SHAPED.match(t) for t in tags):
         return
-    from .columns import Column, entity_hint, examples  # the error's wording; that module reads files with this one
-
     others = []
     if width is not None and unit == "line":
         skip = {word_column % width, tag_column % width}

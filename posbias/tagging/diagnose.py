@@ -98,7 +98,7 @@ def plot_position_curves(result: dict, path: Path, title: str) -> Path:
         axis = ((result.get("position_bias") or {}).get("axes") or {}).get("duplicate")
         if key == result["metric"] and axis and axis.get("effect") is not None:
             e = axis["effect"]
-            ax.annotate(f"copy 1 − copy {axis['alphas'][-1]}: {e:+.1f}" + (
+            ax.annotate(f"copy 1 − copy {axis['alphas'][-1]} (paired): {e:+.1f}" + (
                 f" [{axis['ci'][0]:+.1f}, {axis['ci'][1]:+.1f}]" if axis.get("ci") else ""),
                 (0.02, 0.02), xycoords="axes fraction", fontsize=7)
     axes[0][0].legend(fontsize=6)
