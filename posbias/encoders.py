@@ -245,13 +245,40 @@ def check_fast_tokenizer(tokenizer) -> None:
             "character offsets and word ids; use a tokenizer folder with tokenizer.json")
 
 
-def open_tokenizer(path: str, **kwargs):
-    """A fast tokenizer from a local folder; a model without a pad token (GPT-2, BLOOM-style
-    decoders) pads with its end-of-sequence token, which the attention mask hides anyway."""
-    from transformers import AutoTokenizer
+def saved_tokenizer_class(path: str):
+    """The fast tokenizer class a folder's tokenizer_config.json names (`tokenizer_class`, which
+    `save_pretrained` writes from the tokenizer it saves), or None when it names none that
+    transformers has as a fast tokenizer (then AutoTokenizer chooses)."""
+    import json
+
+    from transformers import TokenizersBackend
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
     try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)
+        name = json.loads((Path(path) / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None  # no or no readable file: open_tokenizer's own checks name the problem
+    cls = tokenizer_class_from_name(name) if isinstance(name, str) and name else None
+    return cls if isinstance(cls, type) and issubclass(cls, TokenizersBackend) else None
+
+
+def open_tokenizer(path: str, *, as_saved: bool = False, **kwargs):
+    """A fast tokenizer from a local folder; a model without a pad token (GPT-2, BLOOM-style
+    decoders) pads with its end-of-sequence token, which the attention mask hides anyway.
+
+    Args:
+        as_saved: load the class the folder's tokenizer_config.json names, not the one AutoTokenizer
+            picks. For posbias checkpoints, whose tokenizer may come from another model than the
+            encoder config.json beside it (the tiny BERT vocabulary with an ALBERT encoder):
+            transformers 5.4-5.5 then load a generic TokenizersBackend, which returns no
+            token_type_ids, so a reloaded model read every context token as segment 0 and scored
+            differently from the model that was saved.
+    """
+    from transformers import AutoTokenizer
+
+    loader = (saved_tokenizer_class(path) if as_saved else None) or AutoTokenizer
+    try:
+        tok = loader.from_pretrained(path, local_files_only=True, **kwargs)
     except (OSError, ValueError, TypeError) as e:
         raise ConfigError(f"cannot load a tokenizer from {path}: {e}") from None
     # Without its files, transformers 5 quietly builds the class's tokenizer with only its special

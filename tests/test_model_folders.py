@@ -236,3 +236,46 @@ def test_export_writes_a_new_or_empty_folder_whole(folders, tmp_path, task, monk
         assert {"config.json", "model.safetensors", "tokenizer.json"} <= {f.name for f in out.iterdir()}
         assert not [f for f in out.parent.iterdir() if ".tmp-" in f.name]  # the temporary folder was renamed
         load_checkpoint(out)
+
+
+@pytest.mark.parametrize("task", ["qa", "tagging"])
+@pytest.mark.parametrize("model_type", ["albert", "deberta-v2"])
+def test_a_checkpoint_reloads_the_tokenizer_it_was_saved_with(tmp_path, task, model_type):
+    """The bundled BERT vocabulary beside an encoder config.json of another model type: the
+    reloaded tokenizer is the saved class and encodes as it did, token_type_ids included, so the
+    reloaded QA model scores as the saved one. (transformers 5.4-5.5 chose by config.json's
+    model_type and gave a generic tokenizer without token_type_ids: a trained ALBERT DyReF scored
+    F1 1.9 reloaded against 1.0 when saved.)"""
+    import numpy as np
+
+    from posbias.qa.collate import collate
+    from posbias.qa.features import build_qa_features
+    from posbias.qa.readers import read_qa
+    from posbias.tasks import get_task
+
+    encoder = {"model_type": model_type, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "intermediate_size": 64, "max_position_embeddings": 512, "type_vocab_size": 2}
+    if task == "qa":
+        cfg = build_config(tiny_config(tmp_path, model={"encoder": encoder}))
+        tok = get_task(task).load_tokenizer(cfg)
+        model = posbias.qa.model.build_model(cfg.model, tok, null_answer=False)
+    else:
+        cfg = config_from("tiny_tagging", [f"model.encoder.model_type={model_type}"])
+        tok = get_task(task).load_tokenizer(cfg)
+        model = posbias.tagging.model.build_model(cfg.model, tok, ["O", "B-loc", "I-loc"], "iob2")
+    save_checkpoint(model, cfg, tok, tmp_path / "ck")
+    again, tok2, _ = load_checkpoint(tmp_path / "ck", task=task)
+    assert type(tok2) is type(tok)
+    pair = ("Where is the book?", "It is on the desk, next to Marie's café.")
+    assert dict(tok2(*pair)) == dict(tok(*pair)) and "token_type_ids" in tok2(*pair)
+    if task == "qa":
+        examples = read_qa(DEMO_DEV).examples[:4]
+        logits = []
+        for net, t in ((model, tok), (again, tok2)):
+            feats = build_qa_features(examples, t, max_seq_len=128, doc_stride=48, max_query_len=64, train=False,
+                                      version=1)
+            batch = collate(feats, np.arange(4), pad_id=0, with_labels=False)
+            with torch.no_grad():  # the context tokens' scores (the rest are masked to the float minimum)
+                logits.append(net.eval()(batch)["start_logits"][batch["span_mask"].bool()])
+        scale = float(logits[0].abs().max())
+        torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5 * scale)

@@ -202,7 +202,7 @@ def model_from_checkpoint(path: str, cfg, meta: dict):
     predictions."""
     from transformers import AutoConfig
 
-    tokenizer = open_tokenizer(path)
+    tokenizer = open_tokenizer(path, as_saved=True)
     encoder = encoder_from_config(AutoConfig.from_pretrained(path, local_files_only=True))
     debias, prior = getattr(cfg.train, "debias", None), None
     saved = (meta.get("debias") or {}).get("prior")

@@ -9,16 +9,17 @@ from ..config import resolve_path
 from .config import TaggingConfig
 
 
-def tagging_tokenizer(path: str):
+def tagging_tokenizer(path: str, as_saved: bool = False):
     """A fast tokenizer for word-split input: byte-level BPE (RoBERTa, GPT-2, BLOOM) must see a
-    space before every word, as in running text, or each word is tokenized as a text start."""
+    space before every word, as in running text, or each word is tokenized as a text start.
+    `as_saved`: a checkpoint's own tokenizer class (`open_tokenizer`)."""
     from ..encoders import open_tokenizer
     from ..errors import ConfigError
 
     try:
-        return open_tokenizer(path, add_prefix_space=True)
+        return open_tokenizer(path, as_saved=as_saved, add_prefix_space=True)
     except ConfigError:  # a tokenizer class that takes no such option (any other problem recurs below)
-        return open_tokenizer(path)
+        return open_tokenizer(path, as_saved=as_saved)
 
 
 def read_for(spec, cfg):
