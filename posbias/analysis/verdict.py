@@ -466,6 +466,12 @@ def headline(axes: list[tuple[str, dict | None, dict]]) -> str:
     return sentence(v, **opts)
 
 
+def report_line(output_dir, plots: int) -> str:
+    """The terminal's last line: where the whole report is."""
+    return (f"report: {output_dir}/diagnosis.md (also diagnosis.html, diagnosis.json, {plots} plot(s); --verbose "
+            "prints it here)")
+
+
 def terminal_block(title: str, axes: list[tuple[str, dict | None, dict]], q: dict, report: str,
                    metric: str = "F1") -> list[str]:
     """What the terminal shows of a diagnosis: the title, the verdict sentence of each axis with its

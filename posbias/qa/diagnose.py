@@ -11,7 +11,7 @@ from ..errors import ConfigError
 from ..analysis.report import short_name
 from ..analysis.updates import PositionUpdateCounter
 from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, merged_text, note, position_axis, quality,
-                                quality_text, sentence, table_row, terminal_block)
+                                quality_text, report_line, sentence, table_row, terminal_block)
 from .answer_length import answer_length_labels
 from .answer_sentence import answer_sentence_labels
 from .positions import (first_x_labels, gold_mention_positions, predicted_start_positions,
@@ -96,9 +96,7 @@ def verdict_lines(summary: dict, output_dir) -> list[str]:
     title = (f"Position bias of {short_name(summary['model'])} on {short_name(summary['data_name'])}: "
              f"{m['total']:,} questions, EM {m.get('exact_match', m.get('exact', float('nan'))):.1f}, "
              f"F1 {m['f1']:.1f}")
-    report = (f"report: {output_dir}/diagnosis.md (also diagnosis.html, diagnosis.json, {len(summary['plots'])} "
-              "plot(s); --verbose prints it here)")
-    return terminal_block(title, _axes(bias), bias["quality"], report)
+    return terminal_block(title, _axes(bias), bias["quality"], report_line(output_dir, len(summary["plots"])))
 
 
 def _html(title: str, intro: list[str], tables: dict, titles: dict, plots: list[Path], bias: dict) -> str:

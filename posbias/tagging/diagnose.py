@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.report import short_name
-from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, alpha_axis, curve_intervals, evidence, note, psi, quality,
-                                quality_text, sentence, table_row, terminal_block)
+from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, alpha_axis, curve_intervals, evidence, note,
+                                psi, quality, quality_text, report_line, sentence, table_row, terminal_block)
 from .duplicated import MODES, sentence_counts
 
 _NAMES = {"f1": "F1", "precision": "Prec", "recall": "Rec", "accuracy": "Acc", "macro_f1": "macro F1",
@@ -48,6 +48,27 @@ def _interval(result: dict, mode: str, key: str) -> list | None:
     return (axis.get("curves_ci") or {}).get(key)
 
 
+def _alpha_curve(ax, by_alpha: list[dict], key: str, ci: list | None, style: dict, label: str,
+                 std_band: bool = False) -> None:
+    """One mode's M(α) on `ax`: with its 95% interval per α as error bars where there is one, else
+    (duplicate mode) ± sample std over k >= α as a band, said in the label."""
+    rows = [r for r in by_alpha if r.get(f"{key}_mean") is not None]
+    a = np.array([r["alpha"] for r in rows])
+    m = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
+    if ci and len(ci) == len(by_alpha):
+        lo = np.array([ci[r["alpha"] - 1][0] for r in rows])
+        hi = np.array([ci[r["alpha"] - 1][1] for r in rows])
+        ax.errorbar(a, m, yerr=[m - lo, hi - m], label=f"{label} (95% CI)", **style)
+        return
+    style = {k: v for k, v in style.items() if k != "capsize"}
+    if std_band:
+        s = np.array([np.nan if r[f"{key}_std"] is None else r[f"{key}_std"] for r in rows], dtype=float)
+        ax.plot(a, m, label=f"{label} (band: ± std over k)", **style)
+        ax.fill_between(a, m - s, m + s, color=style.get("color"), alpha=0.2)
+    else:
+        ax.plot(a, m, label=label, **style)
+
+
 def plot_position_curves(result: dict, path: Path, title: str) -> Path:
     """The paper's Fig. 7 for one model: the main metric, precision and recall (POS: accuracy, macro
     F1, the authors' sub-token F1) and consistency against α. Duplicate mode: the mean over k >= α
@@ -68,31 +89,13 @@ def plot_position_curves(result: dict, path: Path, title: str) -> Path:
                 if len(cells) > 1:
                     ax.plot([c["alpha"] for c in cells], [c.get(key) for c in cells], color="tab:blue", lw=0.5,
                             alpha=0.25)
-            rows = [r for r in dup["by_alpha"] if r.get(f"{key}_mean") is not None]
-            a = np.array([r["alpha"] for r in rows])
-            m = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
-            ci = _interval(result, "duplicate", key)
-            if ci and len(ci) == len(dup["by_alpha"]):
-                lo = np.array([ci[r["alpha"] - 1][0] for r in rows])
-                hi = np.array([ci[r["alpha"] - 1][1] for r in rows])
-                ax.errorbar(a, m, yerr=[m - lo, hi - m], marker="o", ms=4, capsize=3, color="tab:blue",
-                            label="duplicate, mean over k ≥ α (95% CI)")
-            else:
-                s = np.array([np.nan if r[f"{key}_std"] is None else r[f"{key}_std"] for r in rows], dtype=float)
-                ax.plot(a, m, marker="o", ms=4, color="tab:blue", label="duplicate, mean over k ≥ α (band: ± std over k)")
-                ax.fill_between(a, m - s, m + s, color="tab:blue", alpha=0.2)
+            _alpha_curve(ax, dup["by_alpha"], key, _interval(result, "duplicate", key),
+                         dict(marker="o", ms=4, capsize=3, color="tab:blue"), "duplicate, mean over k ≥ α",
+                         std_band=True)
         if shift and "by_alpha" in shift:
-            rows = [r for r in shift["by_alpha"] if r.get(f"{key}_mean") is not None]
-            a = np.array([r["alpha"] for r in rows])
-            m = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
-            ci = _interval(result, "shift", key)
-            if ci and len(ci) == len(shift["by_alpha"]):
-                lo = np.array([ci[r["alpha"] - 1][0] for r in rows])
-                hi = np.array([ci[r["alpha"] - 1][1] for r in rows])
-                ax.errorbar(a, m, yerr=[m - lo, hi - m], marker="s", ms=3, ls="--", capsize=2, color="tab:orange",
-                            label="shift (one copy, positions moved; 95% CI)")
-            else:
-                ax.plot(a, m, marker="s", ms=3, ls="--", color="tab:orange", label="shift (one copy, positions moved)")
+            _alpha_curve(ax, shift["by_alpha"], key, _interval(result, "shift", key),
+                         dict(marker="s", ms=3, ls="--", capsize=2, color="tab:orange"),
+                         "shift (one copy, positions moved)")
         ax.set_xlabel("α (copy; later = further right in the input)")
         ax.set_title(f"{_NAMES[key]}(α)", fontsize=10)
         axis = ((result.get("position_bias") or {}).get("axes") or {}).get("duplicate")
@@ -271,9 +274,8 @@ def verdict_lines(result: dict, output_dir) -> list[str]:
     title = (f"Position bias of {short_name(result['model'])} on {short_name(result.get('data_name', result['data']))}: "
              f"{result['subset']['evaluated_sentences']:,} sentences, {_NAMES[key]} "
              f"{_fmt(result['summary'].get(key))} (k = 1)")
-    report = (f"report: {output_dir}/diagnosis.md (also diagnosis.html, diagnosis.json, {len(result.get('plots', []))} "
-              "plot(s); --verbose prints it here)")
-    lines = terminal_block(title, _axes(bias), bias["quality"], report, _NAMES[key])
+    lines = terminal_block(title, _axes(bias), bias["quality"], report_line(output_dir, len(result.get("plots", []))),
+                           _NAMES[key])
     if "skipped" in (result.get("shift") or {}):
         lines.insert(-1, f"  shift mode skipped: {result['shift']['skipped']}")
     return lines
