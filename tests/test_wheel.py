@@ -96,13 +96,15 @@ def installed(wheel, tmp_path_factory):
     venv.create(env_dir, with_pip=False)  # pip comes from the test interpreter (`pip --python`)
     bin_dir = env_dir / ("Scripts" if os.name == "nt" else "bin")
     python = bin_dir / ("python.exe" if os.name == "nt" else "python")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
-                    "--quiet", str(wheel)], check=True, capture_output=True, timeout=300)
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
-    Path(purelib, "_posbias_test_dependencies.pth").write_text("\n".join(_outer_site_packages()) + "\n")
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "POSBIAS_SHARED_DATA")}
+    # Without PYTHONPATH for pip too: a posbias on it would look "already installed" to a pip that
+    # inspects the fresh venv by running its interpreter (pip < 24), and the wheel would not go in.
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
+                    "--quiet", str(wheel)], check=True, capture_output=True, timeout=300, env=env)
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True, env=env).stdout.strip()
+    Path(purelib, "_posbias_test_dependencies.pth").write_text("\n".join(_outer_site_packages()) + "\n")
     env.update(OFFLINE, PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
                OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     work = tmp_path_factory.mktemp("user")
