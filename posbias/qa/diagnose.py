@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -188,8 +189,6 @@ def plot_position_curve(positions: dict[str, int], scores: dict, max_seq_len: in
 
 def _group_start(label: str) -> int | None:
     """First token of a quarter group label ("Q2–Q3 [96,288)" -> 96)."""
-    import re
-
     m = re.search(r"\[(\d+),", label)
     return int(m.group(1)) if m else None
 

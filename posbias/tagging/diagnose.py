@@ -232,20 +232,6 @@ def _curve_only(curve: list, n: int, min_size: int) -> dict | None:
             "psi": psi(vals), "psi_ci": None, "evidence": evidence(curve[0] - curve[-1], None, n >= min_size)}
 
 
-def position_bias(result: dict) -> dict:
-    """Mode -> `analysis.bias.alpha_bias` of the main metric's α curve (mean over k ≥ α): drop
-    M(1) − M(k_max) and PSI over α, point values only (experiment rows use it per run)."""
-    from ..analysis.bias import alpha_bias
-
-    key = result["metric"]
-    out = {}
-    for mode in MODES:
-        part = result.get(mode) or {}
-        if "by_alpha" in part:
-            out[mode] = alpha_bias([r[f"{key}_mean"] for r in part["by_alpha"]])
-    return out
-
-
 def _axes(bias: dict) -> list[tuple[str, dict | None, dict]]:
     metric = _NAMES[bias["metric"]]
     return [(MODE_AXES[m], v, {"metric": metric, "where": _where(m)}) for m, v in bias["axes"].items()]
