@@ -7,9 +7,10 @@ import json
 import math
 import os
 import re
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union, get_args, get_origin, get_type_hints
+from typing import Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -19,6 +20,64 @@ from .errors import ConfigError, did_you_mean
 PACKAGE_DIR = Path(__file__).resolve().parent
 RESOURCES = PACKAGE_DIR / "resources"
 PRESETS = PACKAGE_DIR / "configs"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The allowed range of a config value, declared beside its field (`bounded`) and checked where
+    every value is checked (`_from_dict`), so that no key relies on a hand-written `if` in `validate`.
+    For a string or list value the bound applies to its length (`data.train_file: []`)."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def contains(self, x) -> bool:
+        return ((self.lo is None or (x > self.lo if self.lo_open else x >= self.lo))
+                and (self.hi is None or (x < self.hi if self.hi_open else x <= self.hi)))
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
+        if self.lo is None:
+            return f"{'<' if self.hi_open else '<='} {_num(self.hi)}"
+        return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+
+
+UNBOUNDED = Bound()
+
+
+def _num(x) -> str:
+    """2**32 rather than 4294967296 in messages."""
+    if isinstance(x, int) and x >= 2**16 and x & (x - 1) == 0:
+        return f"2**{x.bit_length() - 1}"
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e16:
+        return str(int(x))
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def bounded(default=dataclasses.MISSING, lo=None, hi=None, *, lo_open: bool = False, hi_open: bool = False,
+            default_factory=dataclasses.MISSING):
+    """A dataclass field with its allowed range (see `Bound`); `bounded(16, 1)`: default 16, >= 1.
+    Every int and float field of a config declares one (`UNBOUNDED` = any finite value): a test
+    walks the fields and fails on a numeric field without it."""
+    return field(default=default, default_factory=default_factory,
+                 metadata={"bound": Bound(lo, hi, lo_open, hi_open)})
+
+
+def check_bound(value, bound: Bound | None, key: str, *, nullable: bool = False) -> None:
+    """Raise ConfigError naming `key` and the range when `value` lies outside `bound`."""
+    if bound is None or value is None or bound == UNBOUNDED:
+        return
+    if isinstance(value, (str, list, dict)):
+        if not bound.contains(len(value)):
+            what = "must not be empty" if bound.lo == 1 and bound.hi is None else f"must have a length {bound}"
+            raise ConfigError(f"{key} {what}, got {value!r}")
+        return
+    if not bound.contains(value):
+        raise ConfigError(f"{key} must be {bound}{' (or null)' if nullable else ''}, got {value!r}")
+
 
 
 @dataclass
@@ -46,34 +105,34 @@ class ModelConfig:
 class TrainConfig:
     output_dir: str = "runs/qa"
     """Where checkpoints, logs, predictions and the resolved config are written."""
-    seed: int = 42
+    seed: int = bounded(42, 0, 2**32, hi_open=True)  # NumPy's and Python's seeding range
     """Seeds weights of new layers, dropout, data order and label policies."""
-    epochs: float = 1.0
+    epochs: float = bounded(1.0, 0)
     """Passes over the training windows (fractions allowed)."""
-    max_steps: int | None = None
+    max_steps: int | None = bounded(None, 1)
     """Train for exactly this many optimizer steps (overrides `epochs`, as in HF Trainer)."""
-    batch_size: int = 16
+    batch_size: int = bounded(16, 1)
     """Windows per micro-batch per process."""
-    grad_accum: int = 1
+    grad_accum: int = bounded(1, 1)
     """Micro-batches per optimizer step."""
-    lr: float = 2e-4
+    lr: float = bounded(2e-4, 0, lo_open=True)
     """Peak learning rate (AdamW). MiniLM needs ~2e-4; BERT-base recipes use 3e-5."""
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
+    weight_decay: float = bounded(0.01, 0)  # < 0 turns decay into growth, silently
+    warmup_ratio: float = bounded(0.1, 0, 1, hi_open=True)
     """Fraction of steps with linear warm-up; then linear decay to 0."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = bounded(1.0, 0)
     """Gradient clipping (0 disables)."""
     length_grouping: bool = True
     """Group windows of similar length into batches (dynamic padding wastes little)."""
-    group_batches: int = 50
+    group_batches: int = bounded(50, 1)
     """Length groups are formed within shuffled pools of this many batches."""
-    eval_every: int | None = None
+    eval_every: int | None = bounded(None, 1)
     """Evaluate every N optimizer steps; by default once at the end of each epoch."""
-    log_every: int = 10
+    log_every: int = bounded(10, 1)
     """Write a loss/throughput line to train_log.jsonl every N steps."""
     save_best: bool = True
     """Keep the checkpoint with the best eval F1 in `best/` (else the last one)."""
-    save_every: int | None = None
+    save_every: int | None = bounded(None, 1)
     """Also save a resumable checkpoint every N steps (always at each evaluation)."""
     mixed_precision: str = "no"
     """Training precision, through accelerate's autocast: `no` (fp32), `bf16`, `fp16`, or `auto`:
@@ -84,20 +143,20 @@ class TrainConfig:
     """Precision of evaluation, prediction and diagnosis (`--precision`): `fp32`, `bf16`, `fp16` or
     `auto` (as for `mixed_precision`); recorded with the metrics. Not part of the config hash while
     fp32 (runs recorded before the key existed evaluated in fp32)."""
-    eval_batch_size: int = 64
+    eval_batch_size: int = bounded(64, 1)
     """Windows per batch at evaluation."""
-    eval_batch_tokens: int | None = 8192
+    eval_batch_tokens: int | None = bounded(8192, 1)
     """At most this many padded tokens (windows x longest window) per evaluation batch, so that the
     memory of evaluation follows the tokens in flight (8192: 21 windows of 384, 64 of 128). None:
     `eval_batch_size` alone. Not part of the config hash: batching moves scores in the last bits only."""
-    num_threads: int | None = None
+    num_threads: int | None = bounded(None, 1, 4096)  # more threads than any machine has cores
     """torch intra-op threads (CPU); default leaves torch's choice."""
-    report_to: list | str = field(default_factory=list)
+    report_to: list[str] | str = field(default_factory=list)
     """Experiment trackers, through accelerate: `tensorboard` (in `<output_dir>/tracking`; the
     `posbias[track]` extra), `wandb`, `mlflow`, `aim`, `comet_ml`, `clearml`, `dvclive`, `trackio`,
     `swanlab`, or `all` available; a name or a list. Losses, learning rate, throughput and every
     evaluation's metrics are logged by step. Not part of the config hash."""
-    early_stopping_patience: int | None = None
+    early_stopping_patience: int | None = bounded(None, 1)
     """Stop after this many evaluations in a row without a better main metric (needs
     data.eval_file); `best/` keeps the best. None: train to the end."""
     device: str = "auto"
@@ -161,21 +220,55 @@ class RunConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _check_type(value, tp, key):
-    """Coerce/check `value` against annotation `tp`; raise ConfigError naming `key`."""
+INT64 = 2**63  # torch and NumPy hold integers in 64 bits: a larger one would fail deep inside them
+
+
+def _type_name(tp) -> str:
+    """`int | None`, `list[str]`, `one of ['a', 'b']`: an annotation as a message shows it."""
     origin = get_origin(tp)
-    if origin is Union or str(origin) == "types.UnionType":
+    if origin is Union or origin is types.UnionType:
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if origin is Literal:
+        return f"one of {list(get_args(tp))}"
+    if origin in (list, dict):
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in get_args(tp))}]"
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _check_type(value, tp, key):
+    """Coerce/check `value` against annotation `tp`; raise ConfigError naming `key`.
+
+    Handles `X | None` (`types.UnionType`) and `Optional[X]` (`typing.Union`) alike, `Literal[...]`
+    choices, the element types of `list[X]` / `dict[K, V]` (elements named `key[i]` / `key.k`), and
+    nested config dataclasses. A bool is never an int, nor a float an int (`max_steps=2.5`)."""
+    origin = get_origin(tp)
+    if origin is Union or origin is types.UnionType:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
+        errors = []
         for a in args:
             if a is type(None):
                 continue
             try:
                 return _check_type(value, a, key)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{key}: expected {tp}, got {value!r}")
+            except ConfigError as e:
+                errors.append(str(e))
+        # A member's own message when the value had its type but not its content (a NaN float, a
+        # list with a wrong element): it says more than the union's name.
+        specific = [e for e in errors if not e.startswith(f"{key}: expected ")]
+        if specific:
+            raise ConfigError(specific[0])
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        choice(value, get_args(tp), key)
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _from_dict(tp, value, key + ".")
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):
@@ -188,10 +281,15 @@ def _check_type(value, tp, key):
         raise ConfigError(f"{key} must be a finite number, got {value!r}")
     base = origin or tp
     if base in (int, float, str, bool, dict, list):
-        if isinstance(value, bool) and base is not bool:
-            raise ConfigError(f"{key}: expected {base.__name__}, got {value!r}")
-        if not isinstance(value, base):
-            raise ConfigError(f"{key}: expected {base.__name__}, got {value!r}")
+        if (isinstance(value, bool) and base is not bool) or not isinstance(value, base):
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        if base is int and not -INT64 <= value < INT64:
+            raise ConfigError(f"{key} must fit in 64 bits (|value| < 2**63), got {value!r}")
+        if base is list and get_args(tp):
+            return [_check_type(v, get_args(tp)[0], f"{key}[{i}]") for i, v in enumerate(value)]
+        if base is dict and get_args(tp):
+            kt, vt = get_args(tp)
+            return {_check_type(k, kt, f"{key} (a key)"): _check_type(v, vt, f"{key}.{k}") for k, v in value.items()}
         return value
     return value
 
@@ -237,6 +335,7 @@ def _from_dict(cls, d: dict, prefix: str = "", root=None):
             kwargs[f.name] = _from_dict(tp, d[f.name] or {}, key + ".", root or cls)
         else:
             kwargs[f.name] = _check_type(d[f.name], tp, key)
+            check_bound(kwargs[f.name], f.metadata.get("bound"), key, nullable=type(None) in get_args(tp))
     return cls(**kwargs)
 
 
@@ -400,35 +499,34 @@ def validate(cfg: RunConfig) -> None:
     choice(t.eval_precision, ["fp32", "bf16", "fp16", "auto"], "train.eval_precision")
     check_device_spec(t.device, "train.device")
     t.report_to = check_trackers(t.report_to)
-    if t.early_stopping_patience is not None and t.early_stopping_patience < 1:
-        raise ConfigError(f"train.early_stopping_patience must be >= 1 (or null), got {t.early_stopping_patience}")
-    for key, v in [("data.max_seq_len", d.max_seq_len), ("train.batch_size", t.batch_size),
-                   ("train.grad_accum", t.grad_accum), ("train.eval_batch_size", t.eval_batch_size),
-                   ("train.eval_batch_tokens", t.eval_batch_tokens),
-                   ("train.log_every", t.log_every), ("train.group_batches", t.group_batches)]:
-        if v is not None and v < 1:
-            raise ConfigError(f"{key} must be >= 1, got {v}")
+    if m.encoder is not None:
+        check_encoder_sizes(m.encoder)
+    # Single keys' ranges are declared beside their fields (`bounded`) and checked as they are read.
     if t.epochs <= 0 and not t.max_steps:
         raise ConfigError("train.epochs must be > 0 (or set train.max_steps)")
-    if t.max_steps is not None and t.max_steps < 1:
-        raise ConfigError(f"train.max_steps must be >= 1, got {t.max_steps}")
-    if not 0 <= t.warmup_ratio < 1:
-        raise ConfigError(f"train.warmup_ratio must be in [0, 1), got {t.warmup_ratio}")
-    if t.lr <= 0:
-        raise ConfigError(f"train.lr must be > 0, got {t.lr}")
-    # Negative clipping norms and decay turn descent into ascent without any error from torch.
-    for key, v in [("train.weight_decay", t.weight_decay), ("train.max_grad_norm", t.max_grad_norm)]:
-        if v < 0:
-            raise ConfigError(f"{key} must be >= 0, got {v}")
-    if not 0 <= t.seed < 2**32:  # NumPy's and Python's seeding range
-        raise ConfigError(f"train.seed must be in [0, 2**32), got {t.seed}")
-    for key, v in [("train.eval_every", t.eval_every), ("train.save_every", t.save_every),
-                   ("train.num_threads", t.num_threads)]:
-        if v is not None and v < 1:
-            raise ConfigError(f"{key} must be >= 1 (or null), got {v}")
     cfg.validate()
     _perturb.check_default_mode(cfg)  # data.perturb_default_mode
     _perturb.build_perturbations(cfg.perturb, cfg)  # each factory checks its options; `mode` is checked there
+
+
+# Sizes of a random encoder (`model.encoder`) under the names transformers' configs use (BERT's and
+# GPT-2's): each a whole number >= 1, or building the encoder fails deep inside torch.
+ENCODER_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+                 "max_position_embeddings", "vocab_size", "type_vocab_size", "embedding_size",
+                 "n_embd", "n_head", "n_layer", "n_positions", "n_inner", "d_model")
+
+
+def check_encoder_sizes(encoder: dict) -> None:
+    """`model.encoder`'s model_type and sizes, before anything is built (errors name the key)."""
+    _check_type(encoder["model_type"], str, "model.encoder.model_type")
+    for name in ENCODER_SIZES:
+        if encoder.get(name) is not None:
+            key = f"model.encoder.{name}"
+            check_bound(_check_type(encoder[name], int, key), Bound(1, 2**20), key)
+    for hidden, heads in (("hidden_size", "num_attention_heads"), ("n_embd", "n_head")):
+        if encoder.get(hidden) and encoder.get(heads) and encoder[hidden] % encoder[heads]:
+            raise ConfigError(f"model.encoder.{hidden} ({encoder[hidden]}) must be a multiple of "
+                              f"model.encoder.{heads} ({encoder[heads]}): each head takes an equal share")
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive", "trackio", "swanlab", "all")

@@ -166,7 +166,7 @@ def test_resume_without_a_complete_checkpoint_says_so(tmp_path):
     ("train.weight_decay=-1", "train.weight_decay must be >= 0"),
     ("train.eval_every=0", "train.eval_every must be >= 1"),
     ("train.save_every=-2", "train.save_every must be >= 1"),
-    ("train.num_threads=0", "train.num_threads must be >= 1"),
+    ("train.num_threads=0", r"train.num_threads must be in \[1, 4096\]"),
 ])
 def test_nonsense_training_settings_are_refused(override, message):
     with pytest.raises(ConfigError, match=message):

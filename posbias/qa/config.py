@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import ModelConfig, RunConfig, TrainConfig, _from_dict, choice
+from ..config import ModelConfig, RunConfig, TrainConfig, _from_dict, bounded, choice
 from ..errors import ConfigError
 
 
@@ -36,17 +36,17 @@ class QAModelConfig(ModelConfig):
 
 @dataclass
 class QADataConfig:
-    train_file: str | list | None = None
+    train_file: str | list[str] | None = bounded(None, 1)
     """SQuAD v1.1/v2.0 JSON(.gz) or MRQA JSONL(.gz); `demo:train` / `demo:dev` are the bundled slice."""
-    eval_file: str | None = None
+    eval_file: str | None = bounded(None, 1)
     """Evaluation file used for periodic evaluation and best-checkpoint selection."""
     version: str = "auto"
     """`1` (every question answerable), `2` (SQuAD v2 null answers) or `auto` (from the train file)."""
-    max_seq_len: int = 384
+    max_seq_len: int = bounded(384, 1)
     """Tokens per window, special tokens included."""
-    doc_stride: int = 128
+    doc_stride: int = bounded(128, 0)
     """Context tokens shared by consecutive windows of a long context (HF `stride`)."""
-    max_query_len: int = 64
+    max_query_len: int = bounded(64, 1)
     """Questions longer than this many tokens are cut (and counted in the run summary)."""
     context_first: str = "auto"
     """`auto` puts the context first when the tokenizer pads on the left (XLNet style), else `false`/`true`."""
@@ -60,12 +60,12 @@ class QADataConfig:
     out; `auto` (the default before issue 29, kept in saved configs) = `cls` for v2, `drop` for v1."""
     on_bad_record: str = "error"
     """`error` stops at the first malformed record; `skip` drops it and counts it in the summary."""
-    max_train_examples: int | None = None
+    max_train_examples: int | None = bounded(None, 1)
     """Use only N training questions: the first N (file order), or a random draw (`train_subset`)."""
     train_subset: str = "first"
     """How `max_train_examples` picks: `first` (file order) or `random` (a draw seeded by train.seed:
     each seed its own subset, the same for every method; few-shot experiments)."""
-    max_eval_examples: int | None = None
+    max_eval_examples: int | None = bounded(None, 1)
     """Use only the first N evaluation questions (file order)."""
     perturb_default_mode: str = "paper"
     """Mode of a `perturb` entry that sets none: `paper` (each perturbation's paper, or where it is
@@ -75,11 +75,11 @@ class QADataConfig:
 
 @dataclass
 class DecodeConfig:
-    n_best: int = 20
+    n_best: int = bounded(20, 1)
     """Candidate answers kept per question (nbest.json)."""
-    max_answer_len: int = 30
+    max_answer_len: int = bounded(30, 1)
     """Longest answer in tokens: end <= start + max_answer_len - 1."""
-    null_threshold: float = 0.0
+    null_threshold: float = bounded(0.0)  # any finite score difference
     """Version 2: predict "" when null score - best span score > threshold."""
     require_max_context: bool = False
     """Only let a window propose spans whose start token has its maximum context in that window
@@ -96,10 +96,10 @@ class DebiasConfig:
     """`bias_product`, `learned_mixin`, `learned_mixin_h` (Clark et al., 2019, with the answer-position
     prior of the training windows as the bias model) or `entropy` (Ko et al.'s entropy regularisation,
     of the cosine similarity between each token's word embedding and its last hidden state)."""
-    entropy_weight: float | None = None
+    entropy_weight: float | None = bounded(None, 0, 1e6)  # the authors use 8; 1e6 leaves the task loss no say
     """`entropy`: λ in L - λ·H (default 8, the authors' code); `learned_mixin_h`: Clark et al.'s w in
     L + w·H(softmax(g(x) log b)) (required). Other methods take none."""
-    smoothing: float = 1.0
+    smoothing: float = bounded(1.0, 0, lo_open=True)  # > 0: no position may have probability 0
     """α of the prior's add-α smoothing: p = (count + α) / (windows + α (data.max_seq_len + 1)), so
     no position has probability 0."""
     gate: str | None = None
@@ -178,12 +178,6 @@ class QAConfig(RunConfig):
         choice(d.train_subset, ["first", "random"], "data.train_subset")
         choice(d.context_first, ["auto", "true", "false"], "data.context_first")
         choice(d.unanswerable_windows, ["cls", "drop", "auto"], "data.unanswerable_windows")
-        for key, v in [("data.max_query_len", d.max_query_len), ("decode.n_best", dec.n_best),
-                       ("decode.max_answer_len", dec.max_answer_len)]:
-            if v < 1:
-                raise ConfigError(f"{key} must be >= 1, got {v}")
-        if d.doc_stride < 0:
-            raise ConfigError(f"data.doc_stride must be >= 0, got {d.doc_stride}")
         # A window holds [CLS] q [SEP] c [SEP] (4 specials for RoBERTa-style pairs): the context part
         # must be longer than the stride or the tokenizer cannot make progress.
         room = d.max_seq_len - d.max_query_len - 4

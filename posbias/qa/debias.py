@@ -102,15 +102,13 @@ SENTENCE_BUCKETS = 32
 # ------------------------------------------------------------------------------------------ config
 def check_config(debias, head: str) -> None:
     """Check `train.debias` (a `DebiasConfig`) for the run's head and fill in its defaults; each
-    error names the dotted key."""
+    error names the dotted key. The ranges of `smoothing` and `entropy_weight` are declared on
+    `DebiasConfig`'s fields."""
     if debias.method not in METHODS:
         raise ConfigError(f"train.debias.method must be one of {list(METHODS)}, got {debias.method!r}")
     if head not in HEADS:
         raise ConfigError(f"train.debias: head {head!r} cannot take de-biasing (it needs start and end "
                           f"distributions over positions); use one of {list(HEADS)}")
-    if debias.smoothing <= 0:
-        raise ConfigError(f"train.debias.smoothing must be > 0 (no position may have probability 0), "
-                          f"got {debias.smoothing}")
     w = debias.entropy_weight
     if debias.method == "entropy":
         debias.entropy_weight = ENTROPY_WEIGHT if w is None else w
@@ -121,8 +119,6 @@ def check_config(debias, head: str) -> None:
     elif w is not None:
         raise ConfigError(f"train.debias.entropy_weight is read by entropy and learned_mixin_h only, not "
                           f"{debias.method}")
-    if debias.entropy_weight is not None and debias.entropy_weight < 0:
-        raise ConfigError(f"train.debias.entropy_weight must be >= 0, got {debias.entropy_weight}")
     if debias.method in MIXIN:
         debias.gate = debias.gate or "cls"
         if debias.gate not in GATES:

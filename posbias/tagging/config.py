@@ -3,24 +3,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import ModelConfig, RunConfig, TrainConfig, choice
+from ..config import ModelConfig, RunConfig, TrainConfig, bounded, choice
 from ..errors import ConfigError, did_you_mean
 
 
 @dataclass
 class TaggingDataConfig:
-    train_file: str | list | None = None
+    train_file: str | list[str] | None = bounded(None, 1)
     """CoNLL (CoNLL-2003, WNUT-17, any column layout) or CoNLL-U file(s), plain or gzip; a list is
     read as shards of one set."""
-    eval_file: str | list | None = None
+    eval_file: str | list[str] | None = bounded(None, 1)
     """Evaluation file used for periodic evaluation and best-checkpoint selection."""
     format: str = "auto"
     """`conll`, `conllu`, or `auto` (CoNLL-U by suffix or by its 10 tab-separated columns)."""
     tag: str = "upos"
     """CoNLL-U: the column to learn, `upos` or `xpos`."""
-    word_column: int = 0
+    word_column: int = bounded(0)  # negative counts from the end
     """CoNLL: the column holding the word."""
-    tag_column: int = -1
+    tag_column: int = bounded(-1)
     """CoNLL: the column holding the tag (negative counts from the end: CoNLL-2003's NER is -1)."""
     scheme: str = "auto"
     """Tag scheme of the files: `iob1`, `iob2`, `bioes` (entity tags, validated), `none` (POS and other
@@ -34,13 +34,13 @@ class TaggingDataConfig:
     label_subtokens: str = "first"
     """`first`: a word's label sits on its first sub-token (the others carry no loss), and its
     prediction is read there; `all`: continuation sub-tokens are trained too (B-X -> I-X on them)."""
-    max_seq_len: int = 256
+    max_seq_len: int = bounded(256, 1)
     """Tokens per window, special tokens included; longer sentences get sliding windows."""
-    stride: int = 64
+    stride: int = bounded(64, 0)
     """At least this many tokens of context shared by consecutive windows of a long sentence."""
     on_bad_record: str = "error"
     """`error` stops at the first malformed sentence; `skip` drops it and counts it in the summary."""
-    length_quantiles: list | None = None
+    length_quantiles: list | None = None  # checked whole in validate (a pair in [0, 1])
     """D* of the token-positional-bias paper (§3.2): `[0.25, 0.75]` (the paper's Q1, Q3; the authors'
     code used `[0.15, 0.75]`) keeps only the sentences whose word length lies between these
     quantiles of the length distribution `length_pool` names, for the training and the evaluation
@@ -50,16 +50,16 @@ class TaggingDataConfig:
     """Whose sentence lengths the D* quantiles are taken of: `pooled` (the default, as the paper's
     §3.1 length distributions and the authors' `trim_dataset`): the lengths of every file in
     `length_pool_files` together, one pair of bounds for every file cut; `split`: each file's own."""
-    length_pool_files: str | list | None = None
+    length_pool_files: str | list[str] | None = bounded(None, 1)
     """The files whose sentence lengths `length_pool: pooled` pools: null = the run's `train_file`
     and `eval_file` (and, for a model without them, the file being cut). The authors pooled train,
     dev and test: list all three for their bounds (CoNLL-2003 at [0.15, 0.75]: 4 to 22 words)."""
-    max_train_examples: int | None = None
+    max_train_examples: int | None = bounded(None, 1)
     """Use only N training sentences: the first N (file order), or a random draw (`train_subset`)."""
     train_subset: str = "first"
     """How `max_train_examples` picks: `first` (file order) or `random` (a draw seeded by train.seed:
     each seed its own subset, the same for every method; few-shot experiments)."""
-    max_eval_examples: int | None = None
+    max_eval_examples: int | None = bounded(None, 1)
     """Use only the first N evaluation sentences (file order)."""
     perturb_default_mode: str = "paper"
     """Mode of a `perturb` entry that sets none: `paper` (each perturbation's paper, or where it is
@@ -69,7 +69,7 @@ class TaggingDataConfig:
     tags_column: str | None = None
     """The tag column of a `datasets.Dataset` given as data (default: the first of ner_tags, tags,
     labels, upos, pos_tags, xpos it has)."""
-    label_map: dict | None = None
+    label_map: dict[str, str] | None = None
     """Evaluating a model on data that names its classes otherwise: data entity type (or POS tag)
     -> the model's, e.g. {person: PER, location: LOC}; `O` drops a type. Without it, a data class
     the model does not know stops `evaluate`/`diagnose` with both label sets named."""
@@ -119,8 +119,6 @@ class TaggingConfig(RunConfig):
         if pool is not None and (not pool or not all(isinstance(p, str) and p for p in
                                                      (pool if isinstance(pool, list) else [pool]))):
             raise ConfigError(f"data.length_pool_files must be a file or a non-empty list of files, got {pool!r}")
-        if d.stride < 0:
-            raise ConfigError(f"data.stride must be >= 0, got {d.stride}")
         # Room for content tokens: max_seq_len minus at most 4 special tokens; the overlap must
         # leave each window new tokens, or a long sentence's windows would never advance.
         if d.max_seq_len - 4 <= d.stride:
