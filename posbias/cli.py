@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -13,6 +14,70 @@ SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "diagnose", "e
 
 def _print(obj) -> None:
     print(json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+# ---- option values: checked by argparse (`type=`), so a bad one is one usage line and exit 2
+# before anything loads. Each checker carries `bad`: values it must refuse (the CLI test feeds
+# them to every option that uses it).
+
+INT64 = 2**63  # torch and NumPy hold integers in 64 bits
+
+
+def _integer(lo: int | None = None, hi: int | None = None, name: str = "integer"):
+    """An argparse `type` for a whole number in [lo, hi] (a side without a limit: None)."""
+    what = "an integer" + (f" in [{lo}, {hi}]" if hi is not None else f" >= {lo}" if lo is not None else "")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not -INT64 <= value < INT64 or (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+
+    parse.__name__ = name
+    parse.bad = ["abc", "1.5", "", "1e3", str(INT64), *([str(lo - 1)] if lo is not None else []),
+                 *([str(hi + 1)] if hi is not None else [])]
+    return parse
+
+
+def _number(lo: float | None = None, hi: float | None = None, name: str = "number"):
+    """An argparse `type` for a finite number in [lo, hi] (a side without a limit: None)."""
+    what = "a finite number" + (f" in [{lo:g}, {hi:g}]" if hi is not None else f" >= {lo:g}" if lo is not None else "")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+
+    parse.__name__ = name
+    parse.bad = ["abc", "nan", "inf", "-inf", "", *([f"{lo - 0.5:g}"] if lo is not None else []),
+                 *([f"{hi + 0.5:g}"] if hi is not None else [])]
+    return parse
+
+
+integer = _integer()
+positive_int = _integer(1, name="positive_int")
+# Percentile intervals settle by 10^4 resamples; 10^6 bounds the (resamples x buckets) arrays kept.
+bootstrap_samples = _integer(0, 10**6, name="bootstrap_samples")
+seed_int = _integer(0, 2**32 - 1, name="seed")  # NumPy's and Python's seeding range
+unit_float = _number(0.0, 1.0, name="unit_float")
+points = _number(0.0, 100.0, name="points")  # a score in points, 0..100
+
+
+class _Ordered(argparse.Action):
+    """`nargs=2` values that must be LOW <= HIGH (`--truncate-range L1 L2`, `--quantiles`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values[0] > values[1]:
+            parser.error(f"argument {option_string}: the first value must be <= the second, got {values[0]} {values[1]}")
+        setattr(namespace, self.dest, values)
+
 
 
 TASKS = {"qa": "extractive QA", "tagging": "token classification: NER, POS"}
@@ -27,12 +92,12 @@ def _tasks(sub, name, help_text, tasks=("qa", "tagging")):
 
 def _verdict_args(p, examples: str) -> None:
     """The options of the position-bias verdict that opens every diagnosis (`posbias.analysis.verdict`)."""
-    p.add_argument("--bootstrap-samples", type=int, default=2000,
+    p.add_argument("--bootstrap-samples", type=bootstrap_samples, default=2000,
                    help="resamples for the verdict's intervals (default 2000; 0: point values only)")
-    p.add_argument("--min-bucket", type=int, default=30,
+    p.add_argument("--min-bucket", type=positive_int, default=30,
                    help=f"fewest {examples} a position bucket needs to stand alone; smaller ones are merged with "
                         "their neighbours (default 30)")
-    p.add_argument("--quality-floor", type=float, default=20.0,
+    p.add_argument("--quality-floor", type=points, default=20.0,
                    help="overall score (points) under which the report warns that the bias numbers mean little "
                         "(default 20)")
     p.add_argument("--verbose", action="store_true", help="print the whole diagnosis.md, not only the verdict")
@@ -46,7 +111,7 @@ def _tagging_format_args(p):
     p.add_argument("--format", default=None, choices=["auto", "conll", "conllu"],
                    help="data format (default: the model's data.format, else auto)")
     p.add_argument("--tag", default=None, choices=["upos", "xpos"], help="CoNLL-U column to score")
-    p.add_argument("--tag-column", type=int, default=None, help="CoNLL column of the tag (default: last)")
+    p.add_argument("--tag-column", type=integer, default=None, help="CoNLL column of the tag (default: last)")
     p.add_argument("--scheme", default=None, choices=["auto", "iob1", "iob2", "bioes", "none"],
                    help="tag scheme of the gold file (none = POS-style labels)")
 
@@ -97,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context")
     p.add_argument("--data", help="answer every question of this file instead")
     p.add_argument("--output-dir", default=None)
-    p.add_argument("--n-best", type=int, default=None, help="candidates to list (default decode.n_best)")
+    p.add_argument("--n-best", type=positive_int, default=None, help="candidates to list (default decode.n_best)")
     p.add_argument("overrides", nargs="*")
     _device_arg(p)
     p = ps["tagging"]
@@ -113,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arg(p, "posbias checkpoint or Hugging Face *ForQuestionAnswering folder")
     p.add_argument("--data", required=True)
     p.add_argument("--output-dir", required=True)
-    p.add_argument("--x", type=int, nargs="+", default=[100], help="X of the S_X(1)/S_X(2) split, in tokens")
+    p.add_argument("--x", type=positive_int, nargs="+", default=[100], help="X of the S_X(1)/S_X(2) split, in tokens")
     _verdict_args(p, "questions")
     p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=512")
     _device_arg(p)
@@ -121,13 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arg(p, "posbias checkpoint or Hugging Face *ForTokenClassification folder")
     p.add_argument("--data", required=True, help="the test split (CoNLL / CoNLL-U) with gold tags")
     p.add_argument("--output-dir", required=True, help="diagnosis.md/.html/.json and plots go here")
-    p.add_argument("--k-max", type=int, default=10, help="duplicate each sentence k = 1..K times (default 10)")
-    p.add_argument("--quantiles", type=float, nargs=2, default=[0.25, 0.75], metavar=("LOW", "HIGH"),
+    p.add_argument("--k-max", type=positive_int, default=10, help="duplicate each sentence k = 1..K times (default 10)")
+    p.add_argument("--quantiles", type=unit_float, nargs=2, action=_Ordered, default=[0.25, 0.75], metavar=("LOW", "HIGH"),
                    help="D*: sentences whose length lies between these quantiles of the model's data.length_pool (default Q1 Q3)")
     p.add_argument("--all-sentences", action="store_true", help="no length subset: evaluate every sentence that fits")
     p.add_argument("--modes", nargs="+", default=["duplicate", "shift"], choices=["duplicate", "shift"])
-    p.add_argument("--max-len", type=int, default=None, help="tokens per input (default: the model's position table)")
-    p.add_argument("--batch-tokens", type=int, default=16_384, help="padded tokens per forward batch")
+    p.add_argument("--max-len", type=positive_int, default=None, help="tokens per input (default: the model's position table)")
+    p.add_argument("--batch-tokens", type=positive_int, default=16_384, help="padded tokens per forward batch")
     _verdict_args(p, "sentences")
     p.add_argument("overrides", nargs="*", help="data overrides, e.g. data.format=conll data.tag=xpos")
     _device_arg(p)
@@ -183,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--force", action="store_true", help="replace runs finished in both with different configs")
     q = ex.add_parser("report", help="aggregate an experiment folder into report.md/.html + plots")
     q.add_argument("dir")
-    q.add_argument("--bootstrap-samples", type=int, default=10_000)
+    q.add_argument("--bootstrap-samples", type=bootstrap_samples, default=10_000)
     q.add_argument("--only", nargs="+", metavar="PATTERN",
                    help="report only these runs (shell patterns of run names, e.g. 'n512/*')")
     q.add_argument("--baseline", metavar="METHOD", help="the method Δs are taken against (default: the spec's)")
@@ -195,14 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
                                     "sentence, write SQuAD JSON + stats (with the answer-sentence distribution)")
     q.add_argument("--input", nargs="+", required=True, help="SQuAD/MRQA file(s); several = shards of one set")
     q.add_argument("--out", required=True, help="output folder: <name>.json or val.json/test.json, stats.md")
-    q.add_argument("--truncate", type=int, help="D_L: keep the first L words of every context")
-    q.add_argument("--truncate-range", type=int, nargs=2, metavar=("L1", "L2"),
+    q.add_argument("--truncate", type=positive_int, help="D_L: keep the first L words of every context")
+    q.add_argument("--truncate-range", type=positive_int, nargs=2, action=_Ordered, metavar=("L1", "L2"),
                    help="D_L1~L2: each instance keeps a random k in [L1, L2] words")
     q.add_argument("--split", action="store_true",
                    help="write random validation/test halves, drawn before truncation (§4.1): every "
                         "D set built from one file with one --seed has the same halves")
     q.add_argument("--by-article", action="store_true", help="split by whole articles")
-    q.add_argument("--seed", type=int, default=13)
+    q.add_argument("--seed", type=seed_int, default=13)
     q.add_argument("--keep-unanswerable", action="store_true",
                    help="keep instances whose answers were all cut off, as is_impossible (the paper does "
                         "for train, App. B.2); a v1 input still writes a v1.1 file: training labels their "
@@ -212,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "answer_start is the answer text's first occurrence, maybe too early); implied by "
                         "--answer-sentence")
     q.add_argument("--name", default="data", help="file name without --split")
-    q.add_argument("--sample", type=int, default=None, metavar="N",
+    q.add_argument("--sample", type=positive_int, default=None, metavar="N",
                    help="keep a seeded random subset of N instances of each written set (all when fewer), "
                         "in file order; drawn after --answer-sentence")
     q.add_argument("--answer-sentence", metavar="K", default=None,
