@@ -187,8 +187,9 @@ def test_diagnose_cli_prints_the_verdict_not_the_report(tiny_run, tmp_path, caps
     assert run("d1", "0", "--verbose") == 0
     verbose = capsys.readouterr().out
     assert "## Position bias" in verbose and "### F1 by quarter" in verbose and "report: " in verbose
-    assert run("bad", "-1") == 2
-    assert "bootstrap_samples must be an integer >= 0" in capsys.readouterr().err
-    assert run("bad", "10", "--min-bucket", "0") == 2
-    assert "min_bucket must be a positive integer" in capsys.readouterr().err
+    for bad, message in ((("-1",), "argument --bootstrap-samples: must be an integer in [0, 1000000]"),
+                         (("10", "--min-bucket", "0"), "argument --min-bucket: must be an integer >= 1")):
+        with pytest.raises(SystemExit) as exit_:  # refused while parsing the arguments
+            run("bad", *bad)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
