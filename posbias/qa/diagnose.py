@@ -196,7 +196,7 @@ def _group_start(label: str) -> int | None:
 def plot_position_updates(updates: dict, path: Path, label: str = "") -> Path:
     from ..analysis.report import plot_update_fractions
 
-    return plot_update_fractions({label: PositionUpdateCounter.fractions(updates)}, path,  # (escapes its text)
+    return plot_update_fractions({label: PositionUpdateCounter.fractions(updates)}, path,
                                  f"Position-embedding updates ({updates['steps']} steps)")
 
 
@@ -280,7 +280,8 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
              f"fewer than {min_bucket} questions: too few to read alone."]
     headline, bias_head, bias_body, bias_notes = _bias_block(bias)
     # The title and the intro name the user's model and file: escaped for Markdown (the HTML escapes its own).
-    md = [f"# {md_escape(title)}", "", "## Position bias", "", f"**{headline}**", "", md_table(bias_head, bias_body), ""]
+    md = [f"# {md_escape(title)}", "", "## Position bias", "", f"**{headline}**", "",
+          md_table(bias_head, bias_body), ""]
     md += [x + "\n" for x in bias_notes] + [md_escape(intro[0]), "", intro[1], ""]
     titles = {"gold_position_quartile": "F1 by quarter of the window holding the gold answer start",
               "pred_position_quartile": "F1 by quarter of the window holding the predicted start (Table 1)",

@@ -208,13 +208,15 @@ def dyref_checkpoint(tmp_path_factory):
 def test_qa_predict_and_explain_with_dollar_signs(dyref_checkpoint, tmp_path):
     import posbias
 
-    question = f"What does {MATH} cost, $5 or $6?"
-    context = f"The book costs $5 and the pen $6; {MATH} is a command; $\\frac{{1}}{{0}}$ too."
-    pred = posbias.predict(dyref_checkpoint, question=question, context=context)
+    question = f"What does {MATH} cost?"
+    plain = "The book costs five dollars and the pen six."  # the answer adds no "$": the title's two stay a pair
+    dollars = f"The book costs $5 and the pen $6; {MATH} is a command; $\\frac{{1}}{{0}}$ too."
+    pred = posbias.predict(dyref_checkpoint, question=question, context=dollars)
     assert all(isinstance(p["answer"], str) for p in pred.values())
-    res = posbias.explain_attention(dyref_checkpoint, question, context, tmp_path / "ex")
-    assert "$" in res["tokens"] and (tmp_path / "ex" / "attention.png").stat().st_size > 0
-    assert json.loads((tmp_path / "ex" / "attention.json").read_text(encoding="utf-8"))["question"] == question
+    for i, context in enumerate((plain, dollars)):
+        res = posbias.explain_attention(dyref_checkpoint, question, context, tmp_path / f"ex{i}")
+        assert "$" in res["tokens"] and (tmp_path / f"ex{i}" / "attention.png").stat().st_size > 0
+        assert json.loads((tmp_path / f"ex{i}" / "attention.json").read_text(encoding="utf-8"))["question"] == question
 
 
 # -------------------------------------------------------------------------------------- NaN in JSON
