@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -13,7 +12,9 @@ SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "diagnose", "e
 
 
 def _print(obj) -> None:
-    print(json.dumps(obj, indent=2, ensure_ascii=False))
+    from .utils import json_text  # lazy like `api`: `posbias --help` stays quick
+
+    print(json_text(obj, indent=2))  # NaN and ±inf as null: valid JSON for the next program
 
 
 # ---- option values: checked by argparse (`type=`), so a bad one is one usage line and exit 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import math
 import os
 import platform
 import random
@@ -41,23 +42,47 @@ def atomic_write_text(path, text) -> None:
 
 
 def atomic_write_json(path, obj, indent: int | None = 2) -> None:
-    """`json.dumps(obj, indent=indent, ensure_ascii=False)` plus a newline, written atomically and
-    streamed: the text is never held whole in memory (SQuAD dev's nbest.json is ~150 MB)."""
+    """`json_text(obj, indent)` plus a newline, written atomically and streamed: the text is never
+    held whole in memory (SQuAD dev's nbest.json is ~150 MB)."""
     atomic_write_text(path, itertools.chain(_json_chunks(obj, indent), ["\n"]))
 
 
+def json_text(obj, indent: int | None = None) -> str:
+    """`json.dumps(obj, indent=indent, ensure_ascii=False)`, but every NaN or ±inf float written as
+    null: JSON has no such numbers, and Python's `NaN`/`Infinity` tokens make a file that other
+    readers (and Python's own with `parse_constant`) refuse."""
+    try:  # the common case: no non-finite float, one pass through json's C encoder
+        return json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
+    except ValueError as e:
+        if "Out of range float" not in str(e):
+            raise
+    return json.dumps(finite_or_none(obj), indent=indent, ensure_ascii=False, allow_nan=False)
+
+
+def finite_or_none(obj):
+    """`obj` with each non-finite float (NaN, ±inf; NumPy float64 included) in its dicts, lists and
+    tuples replaced by None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
+
+
 def _json_chunks(obj, indent: int | None):
-    """The text of `json.dumps(obj, indent=indent, ensure_ascii=False)` in pieces: a dict with string
-    keys one item at a time (each item through json's C encoder), anything else whole."""
+    """The text of `json_text(obj, indent)` in pieces: a dict with string keys one item at a time
+    (each item through json's C encoder), anything else whole."""
     if not (isinstance(obj, dict) and obj and all(isinstance(k, str) for k in obj)):
-        yield json.dumps(obj, indent=indent, ensure_ascii=False)
+        yield json_text(obj, indent)
         return
     # JSON strings hold no raw newline, so indenting an item's lines by one level is a replace.
     pad = "\n" + " " * indent if indent is not None else ""
     sep = "," + pad if indent is not None else ", "
     yield "{" + pad
     for i, (key, value) in enumerate(obj.items()):
-        item = json.dumps(value, indent=indent, ensure_ascii=False)
+        item = json_text(value, indent)
         yield (sep if i else "") + json.dumps(key, ensure_ascii=False) + ": " + (item.replace("\n", pad) if pad else item)
     yield ("\n" if indent is not None else "") + "}"
 

@@ -195,7 +195,7 @@ def test_report_of_a_selection_against_another_baseline(smoke, tmp_path):
                         "--baseline", "all_token_softmax", "--output-dir", str(tmp_path / "cli"),
                         "--bootstrap-samples", "200"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "Runs selected with --only */seed2." in (tmp_path / "cli" / "report.md").read_text(encoding="utf-8")
+    assert "Runs selected with --only \\*/seed2." in (tmp_path / "cli" / "report.md").read_text(encoding="utf-8")
 
 
 def test_cli_dry_run_prints_commands(tmp_path):
@@ -435,7 +435,7 @@ def test_position_eval_experiment_runs_and_reports(tmp_path):
     assert all("ttest" in r and "bootstrap" not in r for r in pos if r["method"] != "baseline")
     out = posbias.experiment_report(tmp_path / "exp", bootstrap_samples=100)
     assert any(p.endswith("position_eval_test.png") for p in out["plots"])
-    assert "| test D*(k) | accuracy(4) | cp |" in (tmp_path / "exp" / "report.md").read_text(encoding="utf-8")
+    assert "| test D\\*(k) | accuracy(4) | cp |" in (tmp_path / "exp" / "report.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("change, message", [

@@ -24,14 +24,18 @@ def test_a_failed_write_leaves_no_file(tmp_path):
 
 @pytest.mark.parametrize("indent", [None, 0, 2])
 def test_json_files_are_written_as_json_dumps_writes_them(tmp_path, indent):
-    """atomic_write_json streams a dict item by item: the text must still equal json.dumps's."""
+    """atomic_write_json streams a dict item by item: the text must still equal json.dumps's (with
+    NaN as null, `finite_or_none`: JSON has no NaN)."""
     import json
+
+    from posbias.utils import finite_or_none
 
     objs = [{"q1": [{"text": "é\n\"x", "p": 0.5, "s": -0.0}], "q\n2": [], "q3": {"a": {}, "b": [[], None]}},
             {}, [], "s", 1.5, {"1": {"nested": [1, {"x": True}]}}, {"nan": float("nan")}]
     for obj in objs:
         atomic_write_json(tmp_path / "o.json", obj, indent=indent)
-        assert (tmp_path / "o.json").read_text(encoding="utf-8") == json.dumps(obj, indent=indent, ensure_ascii=False) + "\n"
+        expected = json.dumps(finite_or_none(obj), indent=indent, ensure_ascii=False) + "\n"
+        assert (tmp_path / "o.json").read_text(encoding="utf-8") == expected
 
 
 def test_a_value_json_cannot_write_leaves_no_file(tmp_path):

@@ -5,9 +5,13 @@ import base64
 import html
 import json
 import math
+import re
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
+
+from .text import md_escape, plot_text
 
 SIGNIFICANCE = 0.05
 
@@ -142,11 +146,12 @@ def bias_note(rows: list[dict]) -> str:
     return note
 
 
-def bias_sentences(rows: list[dict]) -> list[str]:
+def bias_sentences(rows: list[dict], esc=str) -> list[str]:
     """The verdict in words, per method, for the first bucketing of each (data, eval set): answer
     position for QA, duplicate mode for tagging. E.g. "base (3 runs), gold_position_quartile on
     val: the rear group (Q4, n=120) scores 4.1 F1 lower than the front one (Q1, n=130) [95% CI over
-    seeds 1.2 to 7.0]; evidence of position bias: yes."."""
+    seeds 1.2 to 7.0]; evidence of position bias: yes.". `esc` formats the names and labels taken from
+    the experiment (`md_escape` for Markdown)."""
     from .verdict import EVIDENCE_WORDS
 
     first: dict = {}
@@ -156,7 +161,8 @@ def bias_sentences(rows: list[dict]) -> list[str]:
     for r in rows:
         if first[(_scope(r), r["eval_set"])] != r["bucketing"]:
             continue
-        where = f"{r['method']} ({r['n_runs']} run{'s' if r['n_runs'] != 1 else ''}), {r['bucketing']} on {r['eval_set']}"
+        where = (f"{esc(r['method'])} ({r['n_runs']} run{'s' if r['n_runs'] != 1 else ''}), {esc(r['bucketing'])} "
+                 f"on {esc(r['eval_set'])}")
         if r["front"] is None or r["effect_mean"] != r["effect_mean"]:
             out.append(f"{where}: fewer than two position groups of {r['min_size']}; evidence of position bias: "
                        "too few examples to tell.")
@@ -166,8 +172,9 @@ def bias_sentences(rows: list[dict]) -> list[str]:
                 if ci else "no interval with one run")
         floor = (f" (its score {r['score_mean']:.1f} is under the quality floor {r['floor']:g}: the numbers mean "
                  "little)" if r.get("below_floor") else "")
-        out.append(f"{where}: the rear group ({r['rear']}) scores {abs(e):.1f} points {'lower' if e >= 0 else 'higher'} "
-                   f"than the front one ({r['front']}) [{span}]; evidence of position bias: "
+        out.append(f"{where}: the rear group ({esc(r['rear'])}) scores {abs(e):.1f} points "
+                   f"{'lower' if e >= 0 else 'higher'} than the front one ({esc(r['front'])}) [{span}]; evidence of "
+                   "position bias: "
                    f"{EVIDENCE_WORDS[r['evidence']] if r['n_runs'] >= 2 else 'too few runs to tell'}{floor}.")
     return out
 
@@ -175,17 +182,27 @@ def bias_sentences(rows: list[dict]) -> list[str]:
 NO_BIAS = "No position segments in this experiment."
 
 
+_BOLD = re.compile(r"\*\*([+\-−]?\d[\d.,]*)\*\*(.*)", re.S)
+"""A cell that starts with a bold number (a significant Δ, `comparison_table`): the one markup a
+table cell holds; everything else in a cell is text."""
+
+
 def _md_table(head, body) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
+    """A Markdown table; every cell is escaped (`md_escape`: names from users' files and specs can
+    hold `|`, HTML or emphasis), but for a leading bold number."""
+    def cell(x):
+        m = _BOLD.fullmatch(x)
+        return f"**{m.group(1)}**{md_escape(m.group(2))}" if m else md_escape(x)
+
+    lines = ["| " + " | ".join(cell(h) for h in head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in body]
     return "\n".join(lines)
 
 
 def _html_table(head, body) -> str:
     def cell(x):
-        x = html.escape(x)
-        if x.startswith("**") and x.endswith("**"):
-            x = f"<b>{x[2:-2]}</b>"
+        m = _BOLD.fullmatch(x)
+        x = f"<b>{html.escape(m.group(1))}</b>{html.escape(m.group(2))}" if m else html.escape(x)
         return f"<td>{x}</td>"
 
     rows = "".join("<tr>" + "".join(cell(c) for c in row) + "</tr>" for row in body)
@@ -231,7 +248,8 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"font.size": 10, "axes.grid": True, "grid.alpha": 0.3})
+    # No LaTeX (a user's matplotlibrc may ask for it): names are drawn as text (`plot_text`).
+    plt.rcParams.update({"font.size": 10, "axes.grid": True, "grid.alpha": 0.3, "text.usetex": False})
     return plt
 
 
@@ -249,14 +267,15 @@ def plot_comparison(rows: list[dict], methods: list[str], path: Path, metric: st
         vals = {(_scope(r), r["eval_set"]): r for r in rows if r["method"] == m}
         means = [vals[g]["mean"] if g in vals else np.nan for g in groups]
         stds = [_bar(vals[g]["std"]) if g in vals else 0 for g in groups]
-        bars = ax.bar(x + (i - (len(methods) - 1) / 2) * width, means, width, yerr=stds, capsize=4, label=m)
+        bars = ax.bar(x + (i - (len(methods) - 1) / 2) * width, means, width, yerr=stds, capsize=4,
+                      label=plot_text(m))
         for b, v, sd in zip(bars, means, stds):
             if not np.isnan(v):  # the value, above its error bar
                 ax.annotate(f"{v:.1f}", (b.get_x() + b.get_width() / 2, v + (sd or 0)), ha="center", va="bottom",
                             fontsize=8, xytext=(0, 3), textcoords="offset points")
-    ax.set_xticks(x, [f"{s}\n{e}" if s != "–" else e for s, e in groups])
-    ax.set_ylabel(f"{metric} (mean ± std over seeds)")
-    ax.set_title(f"{metric} by method")
+    ax.set_xticks(x, [plot_text(f"{s}\n{e}" if s != "–" else e) for s, e in groups])
+    ax.set_ylabel(plot_text(f"{metric} (mean ± std over seeds)"))
+    ax.set_title(plot_text(f"{metric} by method"))
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -297,12 +316,12 @@ def plot_curves(results: dict, path: Path) -> Path | None:
             std = np.array([np.std(pts[s], ddof=1) if len(pts[s]) > 1 else 0.0 for s in steps])
             if kind == "loss" and len(steps) > 20:  # smooth the noisy per-step loss for readability
                 mean = moving_average(mean, max(1, len(steps) // 20))
-            ax.plot(steps, mean, marker="o" if kind != "loss" else None, label=m)
+            ax.plot(steps, mean, marker="o" if kind != "loss" else None, label=plot_text(m))
             ax.fill_between(steps, mean - std, mean + std, alpha=0.15)
         ax.set_xlabel("optimizer step")
         metric = kind.removeprefix("val_").replace("f1", "F1")
-        ax.set_ylabel("training loss" if kind == "loss" else f"validation {metric}")
-        ax.set_title("Training loss" if kind == "loss" else f"Validation {metric} at each evaluation")
+        ax.set_ylabel("training loss" if kind == "loss" else plot_text(f"validation {metric}"))
+        ax.set_title("Training loss" if kind == "loss" else plot_text(f"Validation {metric} at each evaluation"))
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -324,11 +343,12 @@ def plot_segments(seg_rows: list[dict], methods: list[str], out_dir: Path) -> li
         for i, m in enumerate(methods):
             vals = {r["segment"]: r for r in rows if r["method"] == m}
             ax.bar(x + (i - (len(methods) - 1) / 2) * width, [vals[s]["f1_mean"] if s in vals else np.nan for s in segs],
-                   width, yerr=[_bar(vals[s]["f1_std"]) if s in vals else 0 for s in segs], capsize=3, label=m)
+                   width, yerr=[_bar(vals[s]["f1_std"]) if s in vals else 0 for s in segs], capsize=3,
+                   label=plot_text(m))
         n = {r["segment"]: r["n_questions"] for r in rows}
-        ax.set_xticks(x, [f"{s}\n(n={n[s]})" for s in segs])
+        ax.set_xticks(x, [plot_text(f"{s}\n(n={n[s]})") for s in segs])
         ax.set_ylabel("F1 (mean ± std over seeds)")
-        ax.set_title(f"{segmenter} — {eval_set}" + (f" ({scope})" if scope != "–" else ""))
+        ax.set_title(plot_text(f"{segmenter} — {eval_set}" + (f" ({scope})" if scope != "–" else "")))
         ax.legend()
         fig.tight_layout()
         parts = ["segments", scope if scope != "–" else "", eval_set, segmenter.strip("_")]
@@ -346,7 +366,7 @@ def plot_update_fractions(curves: dict[str, np.ndarray], path: Path, title: str)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     last = 0
     for label, frac in curves.items():
-        ax.plot(np.arange(len(frac)), 100 * frac, label=label)
+        ax.plot(np.arange(len(frac)), 100 * frac, label=plot_text(label))
         used = np.flatnonzero(frac > 0)
         last = max(last, int(used[-1]) + 1 if len(used) else 0)
     # Start left of 0 so that the [CLS] point (position 0, updated every step) is not hidden by the axis.
@@ -354,7 +374,7 @@ def plot_update_fractions(curves: dict[str, np.ndarray], path: Path, title: str)
     ax.set_ylim(-2, 102)
     ax.set_xlabel("position id ([CLS] = 0)")
     ax.set_ylabel("% of training steps with a gradient")
-    ax.set_title(title)
+    ax.set_title(plot_text(title))
     if len(curves) > 1 or next(iter(curves), ""):
         ax.legend()
     fig.tight_layout()
@@ -450,11 +470,15 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     runs = results["runs"]
     status = {s: sum(r["status"] == s for r in runs) for s in sorted({r["status"] for r in runs})}
     wall = sum(r["wall_seconds"] or 0 for r in runs)
-    intro = [f"# Experiment `{results['name']}`", "",
-             f"Runs: {len(runs)} ({', '.join(f'{v} {k}' for k, v in status.items())}); "
-             f"methods: {', '.join(results['methods'])} (baseline **{results['baseline']}**); "
-             f"total wall time {wall / 60:.1f} min."
-             + (f" Runs selected with --only {' '.join(only)}." if only else ""), "",
+
+    def summary(esc, bold="**{}**"):  # the runs line, names from the spec through `esc`
+        return (f"Runs: {len(runs)} ({', '.join(f'{v} {esc(k)}' for k, v in status.items())}); "
+                f"methods: {', '.join(esc(m) for m in results['methods'])} "
+                f"(baseline {bold.format(esc(results['baseline']))}); "
+                f"total wall time {wall / 60:.1f} min."
+                + (f" Runs selected with --only {' '.join(esc(x) for x in only)}." if only else ""))
+
+    intro = [f"# Experiment {md_escape(results['name'])}", "", summary(md_escape), "",
              "Each cell is the mean ± sample std over seeds. Δ is method − baseline over the seeds both "
              "have (marked when that is fewer than a mean covers), paired by seed "
              "(t-test over seeds) and by example (bootstrap over QA questions, scores averaged over seeds, "
@@ -469,15 +493,14 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     if bias_rows:
         bh, bb = bias_table(bias_rows)
         note = bias_note(bias_rows)
-        lines = bias_sentences(bias_rows)
-        md += [f"- {x}" for x in lines] + ["", _md_table(bh, bb), "", note, ""]
-        htm += (["<ul>"] + [f"<li>{html.escape(x)}</li>" for x in lines] + ["</ul>"]
+        md += [f"- {x}" for x in bias_sentences(bias_rows, md_escape)] + ["", _md_table(bh, bb), "", note, ""]
+        htm += (["<ul>"] + [f"<li>{html.escape(x)}</li>" for x in bias_sentences(bias_rows)] + ["</ul>"]
                 + [_html_table(bh, bb), f"<p>{html.escape(note.replace('`', ''))}</p>"])
     else:
         md += [NO_BIAS, ""]
         htm.append(f"<p>{NO_BIAS}</p>")
     md += intro[2:] + ["## Results", "", _md_table(head, body), ""]
-    htm += ["<p>" + html.escape(intro[2]).replace("**", "") + "</p><p>" + html.escape(intro[4]) + "</p>",
+    htm += ["<p>" + summary(html.escape, "<b>{}</b>") + "</p><p>" + html.escape(intro[4]) + "</p>",
             "<h2>Results</h2>", _html_table(head, body)]
     if seg_rows:
         sh, sb = segment_table(seg_rows)
@@ -510,7 +533,7 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     md += ["## Plots", ""]
     htm += ["<h2>Plots</h2>"]
     for title, p in figures:
-        md += [f"![{title}](plots/{p.name})", ""]
+        md += [f"![{md_escape(title)}](plots/{quote(p.name)})", ""]
         htm.append(html_figure(title, p, f"plots/{p.name}"))
     atomic_write_text(exp_dir / "report.md", "\n".join(md) + "\n")
     atomic_write_text(exp_dir / "report.html", html_page(results["name"], htm))

@@ -9,7 +9,8 @@ import numpy as np
 
 from ..analysis.bias import NO_ANSWER
 from ..errors import ConfigError
-from ..analysis.report import short_name
+from ..analysis.report import md_table, short_name
+from ..analysis.text import md_escape, plot_text
 from ..analysis.updates import PositionUpdateCounter
 from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, merged_text, note, position_axis, quality,
                                 quality_text, report_line, sentence, table_row, terminal_block)
@@ -31,10 +32,9 @@ def _table(labels: dict[str, str], scores: dict[str, tuple[float, float]]) -> li
 
 def _md(rows: list[dict], title: str, min_size: int = MIN_BUCKET) -> list[str]:
     """A segment table; segments under `min_size` questions are marked † (too few to read alone)."""
-    out = [f"### {title}", "", "| segment | questions | EM | F1 |", "|---|---|---|---|"]
-    out += [f"| {r['segment']} | {r['questions']}{' †' if r['questions'] < min_size else ''} | {r['exact']:.2f} | "
-            f"{r['f1']:.2f} |" for r in rows]
-    return out + [""]
+    body = [[str(r["segment"]), f"{r['questions']}{' †' if r['questions'] < min_size else ''}", f"{r['exact']:.2f}",
+             f"{r['f1']:.2f}"] for r in rows]
+    return [f"### {md_escape(title)}", "", md_table(["segment", "questions", "EM", "F1"], body), ""]
 
 
 AXES = {"gold_position_quartile": "answer position", "answer_sentence": "answer sentence"}
@@ -180,7 +180,7 @@ def plot_position_curve(positions: dict[str, int], scores: dict, max_seq_len: in
     ax.set_xlim(left=0, right=max_seq_len)
     ax.set_xlabel(f"token position of the earliest gold answer start (bins of >= {min_size} questions)")
     ax.set_ylabel("F1")
-    ax.set_title(title or "F1 by gold answer position", fontsize=10)
+    ax.set_title(plot_text(title or "F1 by gold answer position"), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -225,7 +225,6 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
     """`diagnose`, writing into `out`, which becomes `final` when complete."""
     import time
 
-    from ..analysis.report import md_table
     from ..checkpoint import eval_config, load_checkpoint, write_run_meta
     from ..utils import atomic_write_json, atomic_write_text
     from . import metrics as M
@@ -271,17 +270,19 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
     if (run_dir / "position_updates.json").is_file():
         plots.append(plot_position_updates(json.loads((run_dir / "position_updates.json").read_text(encoding="utf-8")),
                                            out / "position_updates.png"))
-    title = f"Position diagnosis of `{model}` on `{data_name}`"
+    title = f"Position diagnosis of {model} on {data_name}"
     intro = [f"{result['total']} questions, {result['windows']} windows (max_seq_len {d.max_seq_len}, doc_stride "
              f"{d.doc_stride}): EM {result.get('exact_match', result.get('exact')):.2f}, "
-             f"F1 {result['f1']:.2f}. Data file: `{ds.path}`.",
+             f"F1 {result['f1']:.2f}. Data file: {ds.path}.",
              "Positions are token indices in the input window ([CLS] = 0). Gold: the earliest gold mention "
              "(in the first window holding it). Predicted: the start of the predicted answer (the paper's Table 1). "
              f"S_X(1): a gold mention starts in the first X tokens of any window (§6.1). Segments marked † hold "
              f"fewer than {min_bucket} questions: too few to read alone."]
     headline, bias_head, bias_body, bias_notes = _bias_block(bias)
-    md = [f"# {title}", "", "## Position bias", "", f"**{headline}**", "", md_table(bias_head, bias_body), ""]
-    md += [x + "\n" for x in bias_notes] + [intro[0], "", intro[1], ""]
+    # The title and the intro name the user's model and file: escaped for Markdown (the HTML escapes its own).
+    md = [f"# {md_escape(title)}", "", "## Position bias", "", f"**{headline}**", "",
+          md_table(bias_head, bias_body), ""]
+    md += [x + "\n" for x in bias_notes] + [md_escape(intro[0]), "", intro[1], ""]
     titles = {"gold_position_quartile": "F1 by quarter of the window holding the gold answer start",
               "pred_position_quartile": "F1 by quarter of the window holding the predicted start (Table 1)",
               "answer_length": "EM/F1 by length of the shortest gold answer, in words (MaP Fig. 6)",

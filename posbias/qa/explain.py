@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..analysis.text import plot_text
 from ..errors import ConfigError
 from ..utils import atomic_write_json
 
@@ -110,7 +111,7 @@ def _plot(att: np.ndarray, tokens: list[str], predicted: list[int], gold: list[i
     fig, ax = plt.subplots(figsize=(max(8.0, 0.16 * s + 1.5), 2.6))
     im = ax.imshow(att, aspect="auto", cmap="viridis", vmin=0, vmax=float(att.max()) or 1.0)
     ax.set_yticks([0, 1], ["start query", "end query"], fontsize=8)
-    ax.set_xticks(range(s), tokens, rotation=90, fontsize=6)
+    ax.set_xticks(range(s), [plot_text(t) for t in tokens], rotation=90, fontsize=6)  # "$" is a token
     for i in predicted:
         ax.add_patch(Rectangle((i - 0.5, -0.5), 1, 2, fill=False, edgecolor="red", linewidth=1.2))
         ax.get_xticklabels()[i].set_color("red")
@@ -119,7 +120,7 @@ def _plot(att: np.ndarray, tokens: list[str], predicted: list[int], gold: list[i
         label.set_fontweight("bold")
         if i not in predicted:
             label.set_color("green")
-    ax.set_title(title[:160], fontsize=8)
+    ax.set_title(plot_text(title[:160]), fontsize=8)
     fig.colorbar(im, ax=ax, fraction=0.02, pad=0.01)
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")

@@ -27,6 +27,7 @@ best-threshold walk (it is not counted among the "abstain" starting points).
 from __future__ import annotations
 
 import json
+import math
 import re
 import string
 from collections import Counter
@@ -309,4 +310,8 @@ def _read_json_object(path, value_types, what):
         # bool is an int subclass but never a probability or an answer.
         if isinstance(value, bool) or not isinstance(value, value_types):
             raise DataError(path, qid, f"value must be {what}, got {type(value).__name__}")
+        # json reads NaN and Infinity, which JSON has not: a NaN no-answer probability compares
+        # False with every threshold (silently never abstains) and sorts anywhere.
+        if isinstance(value, float) and not math.isfinite(value):
+            raise DataError(path, qid, f"value must be a finite number, got {value}")
     return obj

@@ -10,10 +10,12 @@ from __future__ import annotations
 import html
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
 from ..analysis.report import short_name
+from ..analysis.text import md_escape, plot_text
 from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, alpha_axis, curve_intervals, evidence, note,
                                 psi, quality, quality_text, report_line, sentence, table_row, terminal_block)
 from .duplicated import MODES, sentence_counts
@@ -105,7 +107,7 @@ def plot_position_curves(result: dict, path: Path, title: str) -> Path:
                 f" [{axis['ci'][0]:+.1f}, {axis['ci'][1]:+.1f}]" if axis.get("ci") else ""),
                 (0.02, 0.02), xycoords="axes fraction", fontsize=7)
     axes[0][0].legend(fontsize=6)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(plot_text(title), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -127,10 +129,11 @@ def plot_per_class(result: dict, path: Path, title: str) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for cls in classes:
         rows = [r for r in dup["by_alpha"] if r["per_class"][cls]["f1_mean"] is not None]
-        ax.plot([r["alpha"] for r in rows], [r["per_class"][cls]["f1_mean"] for r in rows], marker="o", label=cls)
+        ax.plot([r["alpha"] for r in rows], [r["per_class"][cls]["f1_mean"] for r in rows], marker="o",
+                label=plot_text(cls))
     ax.set_xlabel("α (copy)")
     ax.set_ylabel("F1 (mean over k ≥ α)")
-    ax.set_title(title)
+    ax.set_title(plot_text(title))
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -285,19 +288,48 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
     if pc is not None:
         plots.append(("Per-class F1(α) (Fig. 9)", pc))
     plots += list(data_plots)
+    metric = _NAMES[result["metric"]]
+    intro = _intro(result, md_escape)
+    head, body = _alpha_table(result)
+    headline, bh, bb, bnotes = _bias_block(result, bias)
+    md = [f"# {md_escape(title)}", "", "## Position bias", "", f"**{headline}**", "", md_table(bh, bb), ""]
+    md += [x + "\n" for x in bnotes]
+    md += [x + "\n" for x in intro] + [f"## {metric}(α)", "", md_table(head, body), ""]
+    htm = [f"<h1>{html.escape(title)}</h1>", "<h2>Position bias</h2>", f"<p><b>{html.escape(headline)}</b></p>",
+           html_table(bh, bb)] + [f"<p>{html.escape(x.replace('`', ''))}</p>" for x in bnotes]
+    htm += [f"<p>{html.escape(x).replace('**', '')}</p>" for x in _intro(result, str)]
+    htm += [f"<h2>{html.escape(metric)}(α)</h2>", html_table(head, body)]
+    ct = _class_table(result)
+    if ct:
+        md += ["## Per class (duplicate mode)", "", md_table(*ct), ""]
+        htm += ["<h2>Per class (duplicate mode)</h2>", html_table(*ct)]
+    md += ["## Plots", ""]
+    htm.append("<h2>Plots</h2>")
+    for name, p in plots:
+        md += [f"![{md_escape(name)}]({quote(Path(p).name)})", ""]
+        htm.append(html_figure(name, p, Path(p).name))
+    atomic_write_text(out / "diagnosis.md", "\n".join(md) + "\n")
+    atomic_write_text(out / "diagnosis.html", html_page(title, htm))
+    atomic_write_json(out / "diagnosis.json", {"position_bias": bias, **result})  # the bias first
+    return [Path(p) for _, p in plots]
+
+
+def _intro(result: dict, esc) -> list[str]:
+    """The report's paragraphs on the data, D* and the metrics (Markdown); the file names, the
+    separator token and the reason a mode was skipped, users' text, pass through `esc`."""
     sub = result["subset"]
     metric = _NAMES[result["metric"]]
     intro = [
-        f"Data: `{result['data']}` ({sub['split_sentences']:,} sentences). "
+        f"Data: {esc(result['data'])} ({sub['split_sentences']:,} sentences). "
         + (f"D*: sentence lengths in [{sub['length_bounds'][0]:g}, {sub['length_bounds'][1]:g}] words, the "
            f"{sub['quantiles'][0]:g} and {sub['quantiles'][1]:g} quantiles of "
-           + (f"the lengths of {sub['pool_sentences']:,} sentences pooled from {'; '.join(sub['pool'])}"
+           + (f"the lengths of {sub['pool_sentences']:,} sentences pooled from {'; '.join(map(esc, sub['pool']))}"
               if sub.get("pool") else "this file's lengths")
            + f": {sub['subset_sentences']:,} sentences. "
            if sub.get("length_bounds") else "All sentences (no length subset). ")
         + f"Evaluated for every k = 1..{sub['k_max']}: the {sub['evaluated_sentences']:,} whose {sub['k_max']} copies "
           f"fit {sub['max_len']} tokens ({sub['left_out']:,} left out, {100 * sub['left_out_share']:.1f}%); "
-          f"copies joined by `{sub['separator']}`.",
+          f"copies joined by the token {esc(sub['separator'])}.",
         f"{metric} on D*_test as is (k = 1): **{_fmt(result['summary'].get(result['metric']))}**. "
         f"{metric}(α) is copy α's score, averaged (± sample std) over every k ≥ α as in the paper's tables; "
         "consistency(α) is the share of what copy 1 got right that copy α also gets right. "
@@ -309,31 +341,10 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
                      + ("each sub-token's own prediction." if result.get("subtoken_predictions") == "own" else
                         "each word's prediction (the model was trained on first sub-tokens)."))
     if "skipped" in (result.get("shift") or {}):
-        intro.append(f"Shift mode skipped: {result['shift']['skipped']}.")
+        intro.append(f"Shift mode skipped: {esc(result['shift']['skipped'])}.")
     t = result["timing"]
     intro.append(f"{t['real_tokens']:,} real tokens in {t['seconds']:.1f} s ({t['tokens_per_s']:,.0f} tokens/s).")
-    head, body = _alpha_table(result)
-    headline, bh, bb, bnotes = _bias_block(result, bias)
-    md = [f"# {title}", "", "## Position bias", "", f"**{headline}**", "", md_table(bh, bb), ""]
-    md += [x + "\n" for x in bnotes]
-    md += [x + "\n" for x in intro] + [f"## {metric}(α)", "", md_table(head, body), ""]
-    htm = [f"<h1>{html.escape(title)}</h1>", "<h2>Position bias</h2>", f"<p><b>{html.escape(headline)}</b></p>",
-           html_table(bh, bb)] + [f"<p>{html.escape(x.replace('`', ''))}</p>" for x in bnotes]
-    htm += [f"<p>{html.escape(x).replace('**', '')}</p>" for x in intro]
-    htm += [f"<h2>{html.escape(metric)}(α)</h2>", html_table(head, body)]
-    ct = _class_table(result)
-    if ct:
-        md += ["## Per class (duplicate mode)", "", md_table(*ct), ""]
-        htm += ["<h2>Per class (duplicate mode)</h2>", html_table(*ct)]
-    md += ["## Plots", ""]
-    htm.append("<h2>Plots</h2>")
-    for name, p in plots:
-        md += [f"![{name}]({Path(p).name})", ""]
-        htm.append(html_figure(name, p, Path(p).name))
-    atomic_write_text(out / "diagnosis.md", "\n".join(md) + "\n")
-    atomic_write_text(out / "diagnosis.html", html_page(title, htm))
-    atomic_write_json(out / "diagnosis.json", {"position_bias": bias, **result})  # the bias first
-    return [Path(p) for _, p in plots]
+    return intro
 
 
 def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75), modes=MODES,
@@ -375,7 +386,7 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
         if positions:
             data_plots.append(("Class positions in D*",
                                plot_class_positions(positions, out / "class_positions.png", "Class positions in D*")))
-        plots = write_report(result, out, f"Position diagnosis of `{model}`", data_plots, min_size=min_bucket,
+        plots = write_report(result, out, f"Position diagnosis of {model}", data_plots, min_size=min_bucket,
                              samples=bias_samples, floor=quality_floor)
         write_run_meta(out, cfg, "diagnose tagging", model, ds.path, t0, skipped=ds.skipped)
     result["plots"] = [str(Path(output_dir) / p.name) for p in plots]
@@ -410,13 +421,13 @@ def plot_methods_by_alpha(results: dict, plots_dir) -> list[tuple[str, Path]]:
                 mean = np.nanmean(arr, axis=0)
                 a = np.arange(1, len(mean) + 1)
                 ax.plot(a, mean, ls=ls, marker="o" if not tag else None, color=color,
-                        label=f"{method}{' (shift)' if tag else ''} (n={len(curves)})")
+                        label=plot_text(f"{method}{' (shift)' if tag else ''} (n={len(curves)})"))
                 if len(curves) > 1 and not tag:
                     std = np.nanstd(arr, axis=0, ddof=1)
                     ax.fill_between(a, mean - std, mean + std, color=color, alpha=0.15)
         ax.set_xlabel("α (copy)")
-        ax.set_ylabel(f"{_NAMES.get(metric, metric)}(α), mean over k ≥ α")
-        ax.set_title(f"{eval_set}: {_NAMES.get(metric, metric)}(α) by method (band: ± std over seeds)")
+        ax.set_ylabel(plot_text(f"{_NAMES.get(metric, metric)}(α), mean over k ≥ α"))
+        ax.set_title(plot_text(f"{eval_set}: {_NAMES.get(metric, metric)}(α) by method (band: ± std over seeds)"))
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
         path = Path(plots_dir) / f"position_eval_{eval_set.split()[0]}.png"

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
+from ..analysis.text import md_escape, plot_text
 from ..utils import atomic_write_json, atomic_write_text
 
 
@@ -73,7 +75,7 @@ def plot_length_density(lengths: dict[str, np.ndarray], path, bounds: dict | Non
     grid = np.linspace(0, top, 400)
     for name, x in lengths.items():
         if len(x) > 1 and np.ptp(x) > 0:
-            ax.plot(grid, gaussian_kde(x.astype(float))(grid), label=f"{name} ({len(x):,})")
+            ax.plot(grid, gaussian_kde(x.astype(float))(grid), label=plot_text(f"{name} ({len(x):,})"))
         for lo, hi in ([(bounds or {}).get(name)] if (bounds or {}).get(name) else []):
             ax.axvspan(lo, hi, alpha=0.12)
     for v in (25, 50):
@@ -102,11 +104,11 @@ def plot_class_positions(positions: dict[str, np.ndarray], path, title: str, max
     bins = np.arange(0, max_position + 2)
     for ax, t in zip(axes.flat, top):
         ax.hist(np.minimum(positions[t], max_position), bins=bins, color="tab:blue")
-        ax.set_title(f"{t} (n={len(positions[t]):,})", fontsize=9)
+        ax.set_title(plot_text(f"{t} (n={len(positions[t]):,})"), fontsize=9)
         ax.set_xlabel("word position", fontsize=8)
     for ax in list(axes.flat)[len(top):]:
         ax.axis("off")
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(plot_text(title), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -114,10 +116,11 @@ def plot_class_positions(positions: dict[str, np.ndarray], path, title: str, max
 
 
 def markdown(stats: list[dict]) -> str:
-    """One section per file: counts, length distribution, classes."""
+    """One section per file: counts, length distribution, classes. The file's path and class names
+    are users' text: escaped (`md_escape`), a class named `a|b` or `<b>` stays one cell of text."""
     md = []
     for s in stats:
-        md += [f"## `{s['path']}`", "",
+        md += [f"## {md_escape(s['path'])}", "",
                f"{s['format']}, scheme {s['scheme']}" + (f" (read as {s['source_scheme']})"
                                                         if s.get("source_scheme") not in (None, s["scheme"]) else "")
                + f": {s['sentences']:,} sentences, {s['words']:,} words"
@@ -137,10 +140,10 @@ def markdown(stats: list[dict]) -> str:
                 p = cp.get(k)
                 where = (f"{p['median']:g} | {100 * p['share_first_5']:.1f}% | {100 * p['share_first_10']:.1f}% | "
                          f"{100 * p['share_from_25']:.1f}%") if p else " | | | "
-                md.append(f"| {k} | {v:,} | {100 * v / total:.1f}% | {where} |")
+                md.append(f"| {md_escape(k)} | {v:,} | {100 * v / total:.1f}% | {where} |")
             md.append("")
         for title, name in s.get("plots", []):
-            md += [f"![{title}]({name})", ""]
+            md += [f"![{title}]({quote(name)})", ""]
     return "\n".join(md) + "\n"
 
 
