@@ -14,7 +14,7 @@ from pathlib import Path
 from .config import RunConfig, load_config, save_config
 from .encoders import WEIGHTS, local_dir
 from .errors import ConfigError
-from .utils import atomic_write_json, replace_dir
+from .utils import atomic_write_json, replace_dir, save_safetensors
 
 CHECKPOINT_CONFIG = "posbias.yaml"
 MODEL_META = "posbias_model.json"
@@ -24,12 +24,10 @@ ENCODER_CONFIG = "config.json"
 def save_checkpoint(model, cfg: RunConfig, tokenizer, out_dir, extra: dict | None = None) -> None:
     """Write a self-contained checkpoint of a task model (any object with `encoder`, `head_name`
     and `meta()`, the JSON-able facts needed to rebuild it, e.g. its label list)."""
-    from safetensors.torch import save_file
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(out / WEIGHTS), metadata={"format": "pt", "posbias_head": model.head_name})
+    save_safetensors(state, out / WEIGHTS, metadata={"format": "pt", "posbias_head": model.head_name})
     model.encoder.config.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     save_config(cfg, out / CHECKPOINT_CONFIG)

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
-from .errors import PosbiasError
+from .errors import PosbiasError, known_failure
+from .records import unicode_problem
 
 SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "diagnose", "explain", "demo", "experiment", "data"]
 
@@ -436,14 +438,24 @@ def main(argv=None) -> int:
         else:  # --precision X = train.eval_precision=X
             override = f"train.eval_precision={args.precision}"
         args.overrides = list(args.overrides or []) + [override]
+    for arg in argv if argv is not None else sys.argv[1:]:
+        if reason := unicode_problem(arg, from_bytes=True):  # the terminal's bytes were not UTF-8, or a lone "\ud800"
+            print(f"posbias: error: argument {arg!r} {reason}", file=sys.stderr)
+            return 2
+    # The one exception boundary: a failure the user can act on (bad input, a damaged file, a
+    # read-only folder, a full disk) is one line and exit 2; anything else is a bug and keeps its
+    # traceback. POSBIAS_DEBUG=1 shows the traceback of every failure that is not a PosbiasError.
     try:
         return run(args)
-    except PosbiasError as e:
-        print(f"posbias: error: {_in_flags(str(e), args)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("posbias: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        message = known_failure(e)
+        if message is None or (not isinstance(e, PosbiasError) and os.environ.get("POSBIAS_DEBUG")):
+            raise
+        print(f"posbias: error: {_in_flags(message, args)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

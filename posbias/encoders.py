@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import pickle
 import re
 import warnings
 from pathlib import Path
@@ -55,6 +56,11 @@ def from_pretrained_quietly(auto_cls, path: str, key: str, **kwargs):
     except RuntimeError as e:  # weights of other shapes than config.json describes (the report is silenced)
         why = shape_mismatch(auto_cls, path, **kwargs) or " ".join(str(e).split())
         raise ConfigError(f"{key}: {Path(path) / WEIGHTS}: {why}") from None
+    except pickle.UnpicklingError:  # torch.load(weights_only=True) met an object that is not a tensor
+        name = next((f for f in OTHER_WEIGHTS if f.endswith(".bin") and (Path(path) / f).is_file()), OTHER_WEIGHTS[1])
+        raise ConfigError(f"{key}: {Path(path) / name}: refused to load: the pickle holds objects other than "
+                          "tensors, which could run code; where the folder is trusted, convert it to "
+                          f"{WEIGHTS} (transformers: save_pretrained)") from None
     missing = sorted(k for k in info.get("missing_keys", ()) if "pooler" not in k)
     missing += relative_from_4x(model, path, key, info)
     if missing:  # not (all of) a trained model: say so, once

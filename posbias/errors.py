@@ -46,3 +46,63 @@ def did_you_mean(name, known, *, prefix: str = "", quote: bool = False) -> str:
         return ""
     guess = prefix + by_lower[match[0]]
     return f"; did you mean {guess!r}?" if quote else f"; did you mean {guess}?"
+
+
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split())
+    return text[:limit] + (" ..." if len(text) > limit else "")
+
+
+def os_error_message(e: OSError) -> str:
+    """`FILE: strerror` for an OS error (read-only folder, disk full, missing file), naming both
+    paths of a failed rename or copy."""
+    what = e.strerror or _first_line(e) or type(e).__name__
+    if e.filename is None:
+        return what
+    where = str(e.filename) + (f" -> {e.filename2}" if getattr(e, "filename2", None) else "")
+    hint = "; free some space and run the command again" if e.errno == 28 else ""  # ENOSPC
+    return f"{where}: {what}{hint}"
+
+
+def known_failure(e: BaseException) -> str | None:
+    """The one-line message for a failure the user can act on — bad input, a damaged file, the
+    environment (read-only folder, full disk, memory) — or None for an unexpected exception (a bug,
+    which keeps its traceback).
+
+    Readers turn most of these into a PosbiasError naming the file where they open it; this is the
+    net under all of them, used by the CLI's exception boundary and by `run_info.json`'s `error`.
+    """
+    import json
+    import pickle
+    import sqlite3
+
+    if isinstance(e, PosbiasError):
+        return str(e)  # already one line naming the file or key
+    if isinstance(e, OSError):
+        return os_error_message(e)
+    if isinstance(e, json.JSONDecodeError):
+        return f"a file is not valid JSON ({e.msg}: line {e.lineno} column {e.colno})"
+    if isinstance(e, UnicodeDecodeError):
+        return f"a file is not valid UTF-8 text ({e.reason} at byte {e.start})"
+    if isinstance(e, UnicodeEncodeError):
+        return f"text is not valid Unicode ({e.reason}: {e.object[e.start:e.end]!r} at character {e.start})"
+    if isinstance(e, RecursionError):
+        return "an input file is nested too deeply to read (arrays or objects inside each other)"
+    if isinstance(e, pickle.UnpicklingError):
+        return ("refused to load a pickled file: it holds objects other than tensors and plain values, which "
+                f"could run code ({_first_line(e, 160)})")
+    if isinstance(e, sqlite3.DatabaseError):
+        return f"the experiment store is damaged, locked or not a posbias store (sqlite: {_first_line(e)})"
+    if type(e).__name__ == "SafetensorError":  # safetensors' (Rust) error: a damaged or unwritable weights file
+        return f"a safetensors file is damaged or could not be written ({_first_line(e)})"
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":  # torch's (CUDA) OOM
+        return ("out of memory; lower train.batch_size / train.eval_batch_size or data.max_seq_len "
+                f"({_first_line(e, 160) or 'MemoryError'})")
+    return None
+
+
+def failure_message(e: BaseException) -> str:
+    """One line for any exception: `known_failure`'s message, else the exception's type and text."""
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    return known_failure(e) or f"{type(e).__name__}: {_first_line(e)}"

@@ -280,13 +280,58 @@ STORE_WAY_OUT = ("move it aside (with its -wal and -shm files) and run `posbias 
 @contextmanager
 def readable_store(db_path):
     """A store SQLite cannot read ('file is not a database', 'database disk image is malformed')
-    becomes a ConfigError naming the file and the way out."""
+    becomes a ConfigError naming the file and the way out; one it cannot open or write now (a
+    read-only folder, a full disk, locked for a minute) a ConfigError naming the file."""
     try:
         yield
     except sqlite3.DatabaseError as e:
-        if type(e) is not sqlite3.DatabaseError:  # locked, a constraint, ...: not a damaged file
+        if isinstance(e, sqlite3.OperationalError):  # cannot open, locked, disk full: the file may be fine
+            raise ConfigError(f"{db_path}: {' '.join(str(e).split())} (SQLite)") from None
+        if type(e) is not sqlite3.DatabaseError:  # a constraint, ...: not a damaged file
             raise
         raise ConfigError(f"{db_path} is not a readable experiment store ({e}); {STORE_WAY_OUT}") from None
+
+
+def check_store(conn, db_path, *, new_ok: bool = False) -> None:
+    """Refuse a SQLite file that is not a posbias store (another program's database, or one whose
+    tables lack posbias's columns) before anything reads or writes it; `new_ok`: an empty database
+    (a store being created) is fine."""
+    with closing(sqlite3.connect(":memory:")) as ours:
+        ours.executescript(SCHEMA)
+        want = {t: {c[1] for c in ours.execute(f"PRAGMA table_info({t})")}
+                for (t,) in ours.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    have = {t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not have and new_ok:
+        return
+    for table in ("runs", *sorted(set(want) - {"runs"})):
+        if table not in have:
+            if table != "runs" and new_ok:  # an older store: `connect` adds the tables it lacks
+                continue
+            why = f"it has no {table} table" + (f" (its tables: {', '.join(sorted(have)[:5])})" if have else "")
+        elif missing := sorted(want[table] - {c[1] for c in conn.execute(f"PRAGMA table_info({table})")}):
+            why = f"its {table} table has no {missing[0]} column"
+        else:
+            continue
+        raise ConfigError(f"{db_path} is not a posbias experiment store: {why}; {STORE_WAY_OUT}")
+
+
+def open_for_reading(db_path) -> sqlite3.Connection:
+    """The store, for reading (a report, the source of a copy). In a folder this process cannot
+    write (an archive on a read-only disk, a colleague's folder) SQLite cannot create the -shm file
+    that WAL mode needs; a store there with no -wal file (its writers closed) holds everything in
+    the main file and is read as immutable."""
+    conn = None
+    try:
+        conn = sqlite3.connect(str(db_path), timeout=60)
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1")
+        return conn
+    except BaseException as e:
+        if conn is not None:
+            conn.close()
+        if (not isinstance(e, sqlite3.OperationalError) or os.access(Path(db_path).parent, os.W_OK)
+                or Path(f"{db_path}-wal").exists()):
+            raise
+    return sqlite3.connect(f"{Path(db_path).resolve().as_uri()}?immutable=1", uri=True)
 
 
 def connect(db_path) -> sqlite3.Connection:
@@ -294,9 +339,11 @@ def connect(db_path) -> sqlite3.Connection:
     writing run), a 60 s busy timeout, and BEGIN IMMEDIATE for each `with conn:` write transaction, so
     that writers queue for the lock at the start instead of failing halfway."""
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(db_path), timeout=60, isolation_level="IMMEDIATE")
+    with readable_store(db_path):
+        conn = sqlite3.connect(str(db_path), timeout=60, isolation_level="IMMEDIATE")
     try:
         with readable_store(db_path):
+            check_store(conn, db_path, new_ok=True)  # before WAL: another program's file stays untouched
             for attempt in range(100):
                 # Switching to WAL needs the file alone for a moment; a process opening the store
                 # while another switches it may get 'database is locked' without waiting: retry.
@@ -489,10 +536,28 @@ def _run_claimed(exp: Experiment, run: Run, conn, lock: int, label: str, *, forc
         if old_hash is not None and old_hash != run.config_hash and not force:
             raise _changed_error(exp, [run.name])  # recorded with another config by another process meanwhile
         print(label, file=sys.stderr, flush=True)
-        execute_run(exp, run, conn, fresh=old_hash not in (None, run.config_hash), lock=lock, **options)
+        try:
+            execute_run(exp, run, conn, fresh=old_hash not in (None, run.config_hash), lock=lock, **options)
+        except BaseException as e:
+            _record_failure(conn, run.name, e)
+            raise
         return "ran"
     finally:
         release(lock)
+
+
+def _record_failure(conn, name: str, e: BaseException) -> None:
+    """Best effort, with the run's lock still held: its store record says `failed` (`interrupted`),
+    not `running` (its run_info.json says why). A store that cannot be written (a full disk) is
+    left as it is: the original error is the one to report."""
+    from .utils import now_iso
+
+    try:
+        with conn:
+            conn.execute("UPDATE runs SET status = ?, finished = ? WHERE name = ? AND status = 'running'",
+                         ("interrupted" if isinstance(e, KeyboardInterrupt) else "failed", now_iso(), name))
+    except (sqlite3.Error, OSError):
+        pass
 
 
 def _save_spec(exp: Experiment, spec) -> None:
@@ -671,9 +736,11 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
         dest_db = dest_dir / "experiment.sqlite"
         if dest_db.is_file():
             with closing(sqlite3.connect(str(dest_db), timeout=60)) as d, readable_store(dest_db):
+                check_store(d, dest_db)
                 d.backup(work)
         work.executescript(SCHEMA)
-        with closing(sqlite3.connect(str(src_db), timeout=60)) as src, readable_store(src_db):
+        with readable_store(src_db), closing(open_for_reading(src_db)) as src:
+            check_store(src, src_db)
             finished = src.execute("SELECT * FROM runs WHERE status = 'finished' ORDER BY name").fetchall()
             columns = [c[0] for c in src.execute("SELECT * FROM runs LIMIT 0").description]
             conflicts = []
@@ -735,7 +802,8 @@ def load_results(exp_dir, *, only: list[str] | None = None, baseline: str | None
     if not db.is_file():
         raise ConfigError(f"{exp_dir} holds no experiment.sqlite (run `posbias experiment run` first)")
     spec = load_yaml(Path(exp_dir) / "experiment.yaml") if (Path(exp_dir) / "experiment.yaml").is_file() else {}
-    with closing(sqlite3.connect(str(db), timeout=60)) as conn, readable_store(db):
+    with readable_store(db), closing(open_for_reading(db)) as conn:
+        check_store(conn, db)
         conn.row_factory = sqlite3.Row
         runs = [dict(r) for r in conn.execute("SELECT * FROM runs ORDER BY name")]
         segments = [dict(r) for r in conn.execute("SELECT * FROM segments")]

@@ -49,6 +49,21 @@ def is_text(value) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
+def unicode_problem(text: str, from_bytes: bool = False) -> str | None:
+    """Why `text` cannot be written as UTF-8 (a lone surrogate: JSON's "\\ud800", or a command-line
+    byte that was not UTF-8), or None. Caught where text comes in, so that the tokenizer (a TypeError)
+    and the JSON writers (a UnicodeEncodeError) never meet it. `from_bytes`: `text` was decoded with
+    surrogateescape (the command line), so such a surrogate stands for a byte."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = e.object[e.start]
+        if from_bytes and 0xDC80 <= ord(ch) <= 0xDCFF:  # Python's stand-in for a byte that was not UTF-8 (surrogateescape)
+            return f"is not valid UTF-8 (byte 0x{ord(ch) - 0xDC00:02x} at character {e.start})"
+        return f"is not valid Unicode text (a lone surrogate {ch!r} at character {e.start})"
+    return None
+
+
 def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not an offset
 

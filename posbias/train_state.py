@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from .errors import ConfigError
-from .utils import atomic_write_json
+from .utils import atomic_write_json, save_safetensors
 
 TENSORS = "training_state.safetensors"
 PLAIN = "training_state.json"
@@ -77,12 +77,10 @@ def _unflatten(obj, tensors: dict, where: str):
 
 def save_state(state: dict, folder) -> None:
     """Write `state` (plain values, tensors, NumPy arrays in dicts/lists/tuples) into `folder`."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     tensors: dict = {}
     plain = _flatten(state, "", tensors)
-    save_file(tensors, str(folder / TENSORS), metadata={"format": "posbias-training-state"})
+    save_safetensors(tensors, folder / TENSORS, metadata={"format": "posbias-training-state"})
     atomic_write_json(folder / PLAIN, {"format": FORMAT, "state": plain}, indent=None)
 
 
@@ -99,11 +97,20 @@ def load_state(folder) -> dict:
             raise ConfigError(f"{folder / PLAIN}: not valid JSON ({e})") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ConfigError(f"{folder / PLAIN}: not a posbias training state (format {FORMAT})")
+        if not isinstance(doc.get("state"), dict):
+            raise ConfigError(f"{folder / PLAIN}: no training state in it (its \"state\" entry is missing or "
+                              "not an object); the checkpoint is damaged")
         try:
             tensors = load_file(str(folder / TENSORS))
         except (OSError, SafetensorError) as e:
             raise ConfigError(f"{folder / TENSORS}: cannot be read ({e})") from None
-        return _unflatten(doc["state"], tensors, str(folder))
+        try:
+            return _unflatten(doc["state"], tensors, str(folder))
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:  # a bad dtype, a malformed entry
+            raise ConfigError(f"{folder / PLAIN}: a damaged entry ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:200]}); the checkpoint is damaged") from None
     if (folder / LEGACY).is_file():
         return _load_legacy(folder / LEGACY)
     raise ConfigError(f"{folder}: no training state ({PLAIN} + {TENSORS}) to resume from")

@@ -64,11 +64,12 @@ from .batching import batch_order, move
 from .checkpoint import MODEL_META, check_max_seq_len, save_checkpoint
 from .config import RunConfig, load_config, save_config
 from . import devices
-from .errors import ConfigError, TrainingError
+from .encoders import WEIGHTS, first_shape_error, weight_shapes
+from .errors import ConfigError, TrainingError, failure_message
 from .perturb import perturbations_by_mode, training_passes
 from .precision import resolve_precision
 from .tasks import get_task
-from .train_state import load_state, save_state
+from .train_state import PLAIN, load_state, save_state
 from .utils import atomic_write_json, atomic_write_text, interactive, now_iso, recover_dir, replace_dir, set_seed, versions
 
 # Keys that may change when a run is resumed (extending or re-scheduling it); anything else must
@@ -152,9 +153,41 @@ def _release_accelerator_state(mixed_precision: str) -> None:
         AcceleratorState._reset_state(reset_partial_state=False)
 
 
+class _RunRecord:
+    """What a failed run leaves in `run_info.json`: once this attempt owns the run (it wrote
+    run_info.json as `running`, or it is resuming the run after the checks), any exception —
+    a damaged checkpoint, a full disk, a bug, Ctrl-C — rewrites it as `failed` (`interrupted`),
+    with `finished` and the one-line `error`, so that no dead run reads `running`."""
+
+    def __init__(self):
+        self.path: Path | None = None  # run_info.json, once this attempt owns the run
+        self.info: dict | None = None  # the run_info this attempt wrote, else None (read from the file)
+        self.main = os.environ.get("RANK", "0") == "0"  # until accelerate says which process writes
+
+    def fail(self, e: BaseException) -> None:
+        """Best effort: a failure to write (the disk is full) never hides `e`, the real error."""
+        if self.path is None or not self.main:
+            return
+        try:
+            info = self.info
+            if info is None:
+                try:
+                    info = json.loads(self.path.read_text(encoding="utf-8"))
+                except (OSError, ValueError, RecursionError):
+                    info = None
+                info = info if isinstance(info, dict) else {}
+            info.update(status="interrupted" if isinstance(e, KeyboardInterrupt) else "failed", finished=now_iso(),
+                        error=failure_message(e))
+            atomic_write_json(self.path, info)
+        except Exception:  # the original error is what the user must see
+            pass
+
+
 def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, progress: bool = True,
           data: dict | None = None) -> dict:
     """Train a model for `cfg.task` as `cfg` says; returns a summary (best step, metrics, throughput).
+
+    A run that fails after it started (see `_RunRecord`) ends `failed` in run_info.json, with the error.
 
     Args:
         resume: a checkpoint folder, or "auto" for `<output_dir>/checkpoints/last` when present.
@@ -162,6 +195,18 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         data: {"train": ..., "eval": ...} in-memory data sets (Hugging Face `datasets`) read instead of
             data.train_file / data.eval_file, which then only name them (`posbias.api.train`).
     """
+    record = _RunRecord()
+    try:
+        return _train(cfg, resume, overwrite, progress, data, record)
+    except BaseException as e:
+        if isinstance(e, OSError) and e.filename is None:  # e.g. a log line on a full disk: name the run
+            e = OSError(e.errno, e.strerror or str(e), str(cfg.train.output_dir))
+        record.fail(e)
+        raise e
+
+
+def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, data: dict | None,
+           record: _RunRecord) -> dict:
     from accelerate import Accelerator
     from accelerate.utils import gather_object
     from transformers import get_linear_schedule_with_warmup
@@ -204,7 +249,9 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     _release_accelerator_state(precision.accelerate)
     acc = Accelerator(mixed_precision=precision.accelerate, cpu=device.type == "cpu", log_with=log_with,
                       project_dir=str(out / "tracking") if log_with else None)
-    main = acc.is_main_process
+    main = record.main = acc.is_main_process
+    if resume is not None:  # past the argument checks, this attempt continues the run: it owns it from here
+        record.path = out / "run_info.json"
     if main and progress and t.mixed_precision != "no":
         print(f"posbias: training in {precision.name} ({precision.reason})", file=sys.stderr, flush=True)
     set_seed(t.seed)
@@ -246,20 +293,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     updates = PositionUpdateCounter(getattr(raw_model.encoder.config, "max_position_embeddings", None)
                                     or d.max_seq_len)
     if resume is not None:
-        from safetensors.torch import load_file
-
-        raw_model.load_state_dict(load_file(str(Path(resume) / "model.safetensors")))
-        extra = load_state(resume)  # safetensors + JSON: loading a shared checkpoint runs no code
-        optimizer.load_state_dict(extra["optimizer"])
-        scheduler.load_state_dict(extra["scheduler"])
-        rng = extra["rng"][acc.process_index]
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        state.update(json.loads((Path(resume) / "trainer_state.json").read_text(encoding="utf-8")))
-        if state.get("position_updates"):
-            updates.counts[:] = state["position_updates"]["counts"]
-            updates.steps = state["position_updates"]["steps"]
+        _load_resume(Path(resume), raw_model, optimizer, scheduler, acc.process_index, state, updates)
 
     run_info = {
         "status": "running", "started": now_iso(), "seed": t.seed, "versions": versions(),
@@ -284,6 +318,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
             for log in ("train_log.jsonl", "eval_log.jsonl"):
                 _truncate_log(out / log, state["global_step"])
         save_config(cfg, out / "config.yaml")
+        record.path, record.info = out / "run_info.json", run_info
         atomic_write_json(out / "run_info.json", run_info)
     if log_with:
         acc.init_trackers(out.name or "posbias", config=_flat_config(cfg.to_dict()))
@@ -335,7 +370,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         if acc.num_processes > 1:
             diverged = acc.reduce(diverged, reduction="sum")
         if diverged.item():
-            _diverged(out, run_info, main, step + 1, bad_loss, last_dir)
+            _diverged(out, step + 1, bad_loss, last_dir)
         if t.max_grad_norm:
             acc.clip_grad_norm_(model.parameters(), t.max_grad_norm)
         optimizer.step()
@@ -457,20 +492,78 @@ def _flat_config(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _diverged(out: Path, run_info: dict, main: bool, step: int, value, last_dir: Path) -> None:
-    """Stop a run whose loss became NaN/inf at `step`, naming the last good checkpoint."""
-    if (last_dir / "trainer_state.json").is_file():
-        done = json.loads((last_dir / "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
+def _diverged(out: Path, step: int, value, last_dir: Path) -> None:
+    """Stop a run whose loss became NaN/inf at `step`, naming the last good checkpoint (`train`
+    records the error in run_info.json, as for any failure)."""
+    try:
+        done = _read_trainer_state(last_dir / "trainer_state.json")["global_step"]
         where = f"the last good checkpoint is {last_dir} (step {done})"
-    else:
+    except (ConfigError, OSError):
         where = "no checkpoint was saved before it"
     what = f"the training loss is {value}" if value is not None else "the training loss of another process is not finite"
-    message = (f"{out}: {what} at step {step}; stopped, nothing of that step was saved, {where}. "
-               "Lower train.lr, set train.max_grad_norm, or check the data")
-    if main:
-        run_info.update(status="failed", finished=now_iso(), error=message)
-        atomic_write_json(out / "run_info.json", run_info)
-    raise TrainingError(message)
+    raise TrainingError(f"{out}: {what} at step {step}; stopped, nothing of that step was saved, {where}. "
+                        "Lower train.lr, set train.max_grad_norm, or check the data")
+
+
+# trainer_state.json: the loop's own state, each key with the types it may hold.
+_TRAINER_STATE = {"global_step": (int,), "best_metric": (int, float, type(None)), "best_step": (int, type(None)),
+                  "train_seconds": (int, float), "metric_name": (str, type(None)),
+                  "evals_without_improvement": (int,), "stopped_early": (int, type(None)),
+                  "position_updates": (dict, type(None))}
+
+
+def _read_trainer_state(file: Path) -> dict:
+    """A checkpoint's trainer_state.json, checked key by key: a damaged one is an error naming it."""
+    try:
+        state = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ConfigError(f"{file}: not valid JSON ({' '.join(str(e).split())[:120]}); the checkpoint is "
+                          "damaged") from None
+    if not isinstance(state, dict):
+        raise ConfigError(f"{file}: not a posbias trainer state (a JSON object); the checkpoint is damaged")
+    for key, types in _TRAINER_STATE.items():
+        value = state.get(key)
+        if key not in state and key != "global_step":
+            continue
+        if not isinstance(value, types) or isinstance(value, bool) or (key != "best_metric" and
+                                                                        isinstance(value, (int, float)) and value < 0):
+            raise ConfigError(f"{file}: {key} is {value!r:.60}, not a valid value; the checkpoint is damaged")
+    return state
+
+
+def _load_resume(ckpt: Path, raw_model, optimizer, scheduler, rank: int, state: dict, updates) -> None:
+    """Continue from checkpoint `ckpt`: its weights, optimizer, scheduler and RNG states and the
+    loop's state. Every file is checked before it is used: a damaged or foreign one is a ConfigError
+    naming it, not an error deep inside torch."""
+    from safetensors.torch import load_file
+
+    trainer = _read_trainer_state(ckpt / "trainer_state.json")
+    file = ckpt / WEIGHTS
+    wrong = first_shape_error({k: tuple(v.shape) for k, v in raw_model.state_dict().items()}, weight_shapes(file),
+                              file, "the run's config")
+    if wrong:
+        raise ConfigError(f"cannot resume: {wrong}")
+    raw_model.load_state_dict(load_file(str(file)))
+    extra = load_state(ckpt)  # safetensors + JSON: loading a shared checkpoint runs no code
+    try:
+        optimizer.load_state_dict(extra["optimizer"])
+        scheduler.load_state_dict(extra["scheduler"])
+        rng = extra["rng"][rank]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+        raise ConfigError(f"{ckpt / PLAIN}: does not fit this run ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:160]}); the checkpoint is damaged or from another "
+                          "model") from None
+    state.update(trainer)
+    if state.get("position_updates"):
+        try:
+            updates.counts[:] = state["position_updates"]["counts"]
+            updates.steps = int(state["position_updates"]["steps"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"{ckpt / 'trainer_state.json'}: position_updates is damaged "
+                              f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
 
 
 def passes_loss(model, passes: list[dict], targets) -> torch.Tensor:

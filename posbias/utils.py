@@ -26,9 +26,10 @@ def atomic_write_text(path, text) -> None:
     """Write via a temporary file + rename, so a crash never leaves a half-written file. `text` is a
     string or an iterable of strings written one after another (nothing joined in memory)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             if isinstance(text, str):
                 f.write(text)
@@ -36,9 +37,10 @@ def atomic_write_text(path, text) -> None:
                 f.writelines(text)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; results are for sharing
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise named_os_error(e, path)
 
 
 def atomic_write_json(path, obj, indent: int | None = 2) -> None:
@@ -85,6 +87,33 @@ def _json_chunks(obj, indent: int | None):
         item = json_text(value, indent)
         yield (sep if i else "") + json.dumps(key, ensure_ascii=False) + ": " + (item.replace("\n", pad) if pad else item)
     yield ("\n" if indent is not None else "") + "}"
+
+
+def named_os_error(e: BaseException, path) -> BaseException:
+    """`e`, or for an OS error that names no file or only a temporary one (a write on a full disk,
+    mkstemp in a read-only folder) the same error naming `path`: the file the user knows."""
+    if isinstance(e, OSError) and (e.filename is None or Path(str(e.filename)).name.endswith(".tmp")):
+        named = OSError(e.errno, e.strerror or str(e), str(path))  # OSError(errno, ...) picks the subclass
+        named.__cause__ = e
+        return named
+    return e
+
+
+def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:
+    """`safetensors.torch.save_file`, whose I/O failures (a full disk) become the OSError they are,
+    naming the file (safetensors reports "I/O error: ... (os error 28)" and no path)."""
+    import re
+
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as e:
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
 
 
 def replace_dir(tmp_dir: Path, final_dir: Path) -> None:

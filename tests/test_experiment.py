@@ -239,7 +239,7 @@ def test_interrupted_experiment_resumes_to_the_same_result(tmp_path):
         proc.wait()
     with sqlite3.connect(tmp_path / "exp" / "experiment.sqlite") as conn:
         status = dict(conn.execute("SELECT name, status FROM runs"))
-    assert status == {"context_softmax/seed1": "finished", "all_token_softmax/seed1": "running"}
+    assert status == {"context_softmax/seed1": "finished", "all_token_softmax/seed1": "interrupted"}
 
     resumed = posbias.experiment_run(path, progress=False)
     assert resumed["ran"] == ["all_token_softmax/seed1"] and resumed["skipped_finished"] == ["context_softmax/seed1"]

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from ..batching import eval_batches, move
 from ..config import RunConfig
 from ..errors import ConfigError, DataError
+from ..records import unicode_problem
 from ..utils import atomic_write_json, interactive
 from .collate import collate
 from .decode import WindowCandidates, batch_candidates, candidate_chars, decode
@@ -223,6 +224,9 @@ def predict_checkpoint(model, question: str | None = None, context: str | None =
         else:
             if not question.strip() or not context.strip():
                 raise ConfigError("question and context must be non-empty")
+            for name, text in (("question", question), ("context", context)):
+                if reason := unicode_problem(text):
+                    raise ConfigError(f"{name} {reason}")
             examples, source = [QAExample(id="q0", question=question, context=context)], "<command line>"
         preds, nbest, null_odds, _, _ = predict_examples(net, tokenizer, cfg, examples, source=source,
                                                          progress=progress)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from ..errors import DataError
 from ..records import check_on_bad_record, collect, duplicate, is_int, is_text, read_text
 from .examples import Answer, QADataset, QAExample
-from .records import blame_questions, context_problem
+from .records import blame_questions, context_problem, text_problem
 
 
 def read_mrqa(path, on_bad_record: str = "error", check_offsets: bool = True) -> QADataset:
@@ -82,6 +82,8 @@ def _qa(path, qa, context, n, where, meta, seen, check_offsets) -> QAExample:
         raise bad(reason)
     if not is_text(qa.get("question")):
         raise bad(f"question must be a non-empty string, got {qa.get('question')!r}")
+    if reason := text_problem(qid, qa["question"]):
+        raise DataError(path, qid.encode("utf-8", "backslashreplace").decode(), f"line {n}: {reason}")
     texts = qa.get("answers")
     if not (isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts)):
         raise bad(f"answers must be a non-empty list of strings, got {texts!r}")

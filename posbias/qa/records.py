@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..errors import DataError
-from ..records import is_text
+from ..records import is_text, unicode_problem
 
 
 def blame_questions(path, qas, where: str, reason: str, id_key: str = "id") -> list[DataError]:
@@ -24,4 +24,14 @@ def context_problem(record, what: str) -> tuple[list | None, str | None]:
         return qas, f"context must be a non-empty string, got {record.get('context')!r:.40}"
     if not isinstance(qas, list):
         return qas, "qas must be a list"
+    if reason := unicode_problem(record["context"]):
+        return qas, f"context {reason}"
     return qas, None
+
+
+def text_problem(qid: str, question: str) -> str | None:
+    """Why a question's id or text cannot be tokenized and written back (a lone surrogate), or None."""
+    for name, value in (("id", qid), ("question", question)):
+        if reason := unicode_problem(value):
+            return f"{name} {reason}"
+    return None

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from ..errors import DataError
 from ..records import check_on_bad_record, collect, duplicate, is_int, is_text, read_text
 from .examples import Answer, QADataset, QAExample
-from .records import blame_questions, context_problem
+from .records import blame_questions, context_problem, text_problem
 
 # Question keys the reader consumes; every other key (e.g. the rebuilt train set's
 # `answer_start_ambiguous`) is kept in QAExample.meta. plausible_answers are ignored on purpose.
@@ -127,6 +127,8 @@ def _question(path, q, context, title, where, seen, check_offsets) -> QAExample:
     if not is_text(q.get("question")):
         raise DataError(path, qid,
                         f"question must be a non-empty string, got {q.get('question')!r}")
+    if reason := text_problem(qid, q["question"]):
+        raise DataError(path, qid.encode("utf-8", "backslashreplace").decode(), reason)
     impossible = q.get("is_impossible", False)
     if not isinstance(impossible, bool):
         raise DataError(path, qid, f"is_impossible must be true or false, got {impossible!r}")
