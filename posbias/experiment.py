@@ -344,6 +344,8 @@ def claim(exp_dir, run_name: str) -> int | None:
 
     path = lock_path(exp_dir, run_name)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not outputs.is_marked(exp_dir):  # a process sharing the folder may claim before this one marks it
+        outputs.write_marker(exp_dir, "experiment run")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         taken = _try_lock(fd)

@@ -161,7 +161,8 @@ def recognised(folder) -> bool:
 
 def user_entries(folder) -> list[str]:
     """Names in `folder` other than posbias's own hidden files (marker, write probes)."""
-    return sorted(x.name for x in Path(folder).iterdir() if not x.name.startswith(_OURS_PREFIX))
+    return sorted(x.name for x in Path(folder).iterdir()  # (atomic_write's temporary name for the marker: "..")
+                  if not x.name.startswith(_OURS_PREFIX) and not x.name.startswith("." + _OURS_PREFIX))
 
 
 def check_ours(folder, what: str) -> None:

@@ -1,5 +1,6 @@
 """Output folders (posbias/outputs.py): names that become paths, symlinks, the marker, the writer
 lock, restoring a result a kill left in `.tmp`/`.old`, data build's input, experiment copy."""
+import gzip
 import json
 import os
 import sqlite3
@@ -22,7 +23,7 @@ from posbias.qa.truncate import build_dataset
 from posbias.training import train
 from posbias.utils import replace_dir
 
-from conftest import DEMO_DEV, tiny_config
+from conftest import DEMO_DEV, run_cli, tiny_config
 
 SMOKE = PRESETS / "experiments" / "smoke.yaml"
 
@@ -103,7 +104,7 @@ def test_a_link_beside_a_staged_output_writes_nothing_into_its_target(tmp_path, 
     (target / "keep.txt").write_text("mine")
     before = tree(target)
     out = tmp_path / "ev"
-    name = f".ev.posbias-lock" if link == "lock" else f"ev{link}"
+    name = ".ev.posbias-lock" if link == "lock" else f"ev{link}"
     (tmp_path / name).symlink_to(target / "lockfile" if link == "lock" else target)
     with pytest.raises(ConfigError, match="symbolic link|lock file"):
         with staged_output(out) as tmp:
@@ -241,8 +242,6 @@ def test_data_build_refuses_to_write_over_its_input(tmp_path, how):
     d.mkdir()
     data = d / "train.json"
     with open(DEMO_DEV, "rb") as f:
-        import gzip
-
         data.write_bytes(gzip.decompress(f.read()))
     given = data
     if how == "symlink":
@@ -359,3 +358,16 @@ def test_experiment_copy_into_a_running_grid_loses_no_record(tmp_path):
     assert _names(dest) == ["a/seed1", "a/seed2", "b/seed1", "c/seed0", "c/seed1"]
     assert res["spec"] == "kept" and (dest / "experiment.yaml").read_text() == "name: running\n"
     assert copy_results(src, dest)["spec"] == "replaced"  # no grid running any more
+
+
+def test_cli_data_build_over_its_input_is_one_line(tmp_path):
+    d = tmp_path / "D"
+    d.mkdir()
+    with open(DEMO_DEV, "rb") as f:
+        (d / "train.json").write_bytes(gzip.decompress(f.read()))
+    before = tree(d)
+    r = run_cli("data", "build", "--input", str(d / "train.json"), "--out", str(d), "--name", "train",
+                "--truncate", "50")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"posbias: error: --out {d} holds the input {d / 'train.json'}")
+    assert tree(d) == before
