@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import outputs
 from .config import PRESETS, RunConfig, config_from, load_yaml
 from .errors import ConfigError
 
@@ -180,16 +181,20 @@ def export(model, out_dir) -> Path:
     else:
         from .tagging.model import export_hf
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp-{secrets.token_hex(4)}")
-    tmp.mkdir()
-    try:
-        export_hf(model, tmp)
-        if out.is_dir():  # the empty folder the user made for it
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with outputs.output_lock(out, "export --out"):  # a second export into `out` is refused, not mixed
+        if out.is_dir() and any(out.iterdir()):  # written meanwhile
+            raise ConfigError(f"export: {out_dir} is a folder that is not empty; choose a new folder")
+        tmp = out.with_name(f"{out.name}.tmp-{secrets.token_hex(4)}")
+        tmp.mkdir()
+        try:
+            export_hf(model, tmp)
+            outputs.write_marker(tmp, "export")
+            if out.is_dir():  # the empty folder the user made for it
+                out.rmdir()
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return Path(out_dir)
 
 
@@ -230,8 +235,9 @@ def experiment_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[st
     the folder itself); `only` (run-name patterns) and `baseline` (a method) pick a sub-comparison."""
     from .analysis.report import write_report
 
-    return write_report(exp_dir, bootstrap_samples=bootstrap_samples, only=only, baseline=baseline,
-                        output_dir=output_dir)
+    with outputs.output_lock(output_dir or exp_dir, "experiment report: output folder"):  # one writer at a time
+        return write_report(exp_dir, bootstrap_samples=bootstrap_samples, only=only, baseline=baseline,
+                            output_dir=output_dir)
 
 
 def experiment_spec_path(spec):

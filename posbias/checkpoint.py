@@ -11,6 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
+from . import outputs
 from .config import RunConfig, load_config, save_config
 from .encoders import WEIGHTS, local_dir
 from .errors import ConfigError
@@ -206,11 +207,16 @@ OUTPUT_NAMES = frozenset({
 
 
 @contextlib.contextmanager
-def staged_output(output_dir, names=OUTPUT_NAMES):
+def staged_output(output_dir, names=OUTPUT_NAMES, what: str = "--output-dir"):
     """Yield a fresh `<output_dir>.tmp` folder to write a command's outputs into; when the block
     ends normally it replaces `output_dir` whole (`replace_dir`, as training's `eval/`), so a run
     killed mid-write leaves the previous outputs as they were, never a mix. None yields None.
-    `names`: what the command writes; a folder holding anything else is refused, not replaced."""
+
+    `names`: what the command writes. The folder must be new, empty or posbias's own (its marker,
+    `outputs.check_ours`) and hold nothing but `names`: anything else is the user's, and refused,
+    never replaced. One writer at a time (`outputs.output_lock`), so two evaluations into one folder
+    never mix; a result a kill left only in `.tmp`/`.old` is restored first (`outputs.restore`).
+    """
     if output_dir is None:
         yield None
         return
@@ -219,25 +225,28 @@ def staged_output(output_dir, names=OUTPUT_NAMES):
         raise ConfigError(f"{output_dir}: the output folder is an existing file; give a folder path")
     if final == Path.cwd().resolve() or final in Path.cwd().resolve().parents:
         raise ConfigError(f"{output_dir}: the output folder holds the working folder; give a new folder")
-    if final.is_dir():
-        foreign = sorted(x.name for x in final.iterdir() if x.name not in names
-                         and not (x.name.startswith(".") and x.name.endswith(".tmp")))  # atomic_write leftovers
-        if foreign:
-            raise ConfigError(f"{output_dir}: the output folder holds {foreign[0]!r}, which posbias did not write; "
-                              "outputs replace the folder whole, so give a new or empty folder")
-    tmp = final.with_name(final.name + ".tmp")
-    try:
-        if tmp.exists():  # left by a killed run
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-    except OSError as e:
-        raise ConfigError(f"{output_dir}: cannot create the output folder ({e.strerror or e})") from None
-    try:
-        yield tmp
-        replace_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with outputs.output_lock(final, what):
+        outputs.restore(final, what)
+        if final.is_dir():
+            foreign = [x for x in outputs.user_entries(final) if x not in names
+                       and not (x.startswith(".") and x.endswith(".tmp"))]  # atomic_write leftovers
+            if foreign:
+                raise ConfigError(f"{output_dir}: the output folder holds {foreign[0]!r}, which posbias did not "
+                                  "write; outputs replace the folder whole, so give a new or empty folder")
+        outputs.check_ours(final, what)  # only names posbias writes, but not written by posbias
+        tmp = final.with_name(final.name + ".tmp")
+        try:
+            outputs.fresh_dir(tmp, what)  # what a killed run left there goes; a link is refused
+        except OSError as e:
+            raise ConfigError(f"{output_dir}: cannot create the output folder ({e.strerror or e})") from None
+        try:
+            yield tmp
+            outputs.write_marker(tmp, what)  # last: a marked .tmp is complete (`outputs.restore`)
+            replace_dir(tmp, final)
+        except BaseException:
+            if not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def write_run_meta(output_dir, cfg: RunConfig, command: str, model, data, t0: float, skipped=()) -> None:

@@ -381,7 +381,9 @@ def run(args) -> int:
         res = api.experiment_copy(args.src, args.dest, force=args.force)
         print(f"copied {len(res['copied'])} finished run(s) from {res['source']} to {res['destination']}"
               + (f" (replaced {len(res['replaced'])})" if res["replaced"] else "")
-              + ("; its experiment.yaml replaced the destination's" if res.get("spec") == "replaced" else ""))
+              + ("; its experiment.yaml replaced the destination's" if res.get("spec") == "replaced" else "")
+              + ("; the destination's experiment.yaml kept (a grid is running there)" if res.get("spec") == "kept"
+                 else ""))
     elif args.command == "experiment" and args.action == "report":
         _print(api.experiment_report(args.dir, bootstrap_samples=args.bootstrap_samples, only=args.only,
                                      baseline=args.baseline, output_dir=args.output_dir))

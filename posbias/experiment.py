@@ -53,6 +53,7 @@ import numpy as np
 import yaml
 
 from .config import RunConfig, build_config, deep_merge, load_yaml, parse_overrides
+from . import outputs
 from .errors import ConfigError, RunError, did_you_mean
 from .registry import SEGMENTERS
 
@@ -182,6 +183,20 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
         raise ConfigError(f"experiment spec: exclude must be a list of run-name patterns, got {exclude!r}")
     datasets = spec.get("datasets") or {None: {}}
     sizes = spec.get("train_sizes") or [None]
+    if not isinstance(datasets, dict):
+        raise ConfigError("experiment spec: datasets must be a mapping name -> overrides")
+    if not isinstance(sizes, list):
+        raise ConfigError(f"experiment spec: train_sizes must be a list of integers, got {sizes!r}")
+    # Method, dataset and size name the run's folder (runs/<dataset>/n<size>/<method>/seed<k>): each
+    # must be one plain path component, or a run would train (and delete) outside the experiment.
+    for m in methods:
+        outputs.safe_name(m, "experiment spec: method name")
+    for ds_name in datasets:
+        if ds_name is not None:
+            outputs.safe_name(ds_name, "experiment spec: dataset name")
+    for size in sizes:
+        if size:
+            outputs.safe_name(f"n{size}", "experiment spec: train_sizes entry")
     runs = []
     for ds_name, ds_over in datasets.items():
         for size in sizes:
@@ -193,6 +208,7 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
                     d = deep_merge(base, _as_overrides(ds_over, f"datasets.{ds_name}"))
                     d = deep_merge(d, _as_overrides(m_over, f"methods.{method}"))
                     run_dir = out / "runs" / name
+                    outputs.inside(out, run_dir, f"experiment run {name}")
                     extra = {"train": {"seed": seed, "output_dir": str(run_dir)}}
                     if size:
                         extra["data"] = {"max_train_examples": size}
@@ -210,6 +226,8 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
     eval_sets = spec.get("eval_sets") or {}
     if not isinstance(eval_sets, dict):
         raise ConfigError("experiment spec: eval_sets must be a mapping name -> file")
+    for name in eval_sets:  # names the folder runs/<run>/evals/<name>
+        outputs.safe_name(name, "experiment spec: eval_sets name")
     segments = [_segment_spec(s, i) for i, s in enumerate(spec.get("segments") or [])]
     position_eval = _position_eval_spec(spec.get("position_eval"), eval_sets, runs)
     return Experiment(spec["name"], out, runs, baseline, list(methods), dict(eval_sets), list(segments),
@@ -373,6 +391,8 @@ def claim(exp_dir, run_name: str) -> int | None:
 
     path = lock_path(exp_dir, run_name)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not outputs.is_marked(exp_dir):  # a process sharing the folder may claim before this one marks it
+        outputs.write_marker(exp_dir, "experiment run")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         taken = _try_lock(fd)
@@ -473,10 +493,12 @@ def run_experiment(spec, output_dir: str | None = None, *, launcher: str = "loca
         # nodes of a cluster; a later `experiment run` then only collects the finished runs.
         from .config import save_config
 
+        outputs.claim_folder(exp.output_dir, "experiment output_dir")
         for run in exp.runs:
+            _run_folder(run)
             save_config(run.config, run.output_dir / "run_config.yaml")
         return {"experiment": exp.name, "output_dir": str(exp.output_dir), "runs": plan(exp, launcher, accelerate_args)}
-    exp.output_dir.mkdir(parents=True, exist_ok=True)
+    outputs.claim_folder(exp.output_dir, "experiment output_dir")  # new, empty or posbias's own
     _save_spec(exp, spec)
     outcome: dict[str, list[str]] = {"ran": [], "skipped_finished": [], "finished_by_others": []}
     options = {"force": force, "launcher": launcher, "accelerate_args": accelerate_args, "progress": progress}
@@ -560,6 +582,15 @@ def _record_failure(conn, name: str, e: BaseException) -> None:
         pass
 
 
+def _run_folder(run: Run) -> Path:
+    """`runs/<name>` of an experiment folder already claimed (`outputs.claim_folder`): created and
+    marked as posbias's, so that training accepts it beside the run_config.yaml written first."""
+    run.output_dir.mkdir(parents=True, exist_ok=True)
+    if not outputs.is_marked(run.output_dir):
+        outputs.write_marker(run.output_dir, f"experiment run {run.name}")
+    return run.output_dir
+
+
 def _save_spec(exp: Experiment, spec) -> None:
     from .utils import atomic_write_text
 
@@ -590,6 +621,7 @@ def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launche
             (run.name, run.method, run.seed, run.dataset, run.train_size, run.config_hash,
              json.dumps(run.config.to_dict()), str(run.output_dir), started))
     resumable = (run.output_dir / "checkpoints" / "last" / "trainer_state.json").is_file() and not fresh
+    _run_folder(run)
     save_config(run.config, run.output_dir / "run_config.yaml")
     if launcher == "accelerate":
         exe = Path(sys.executable).parent / "accelerate"  # the one installed beside this posbias
@@ -719,9 +751,12 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
     Archives a grid's results next to its report (a few MB instead of GBs of checkpoints), restores
     them into a working folder (where `experiment run` then skips those runs), or joins the stores
     of machines that each ran a part of a grid with `--only`. A run finished in both with a different
-    config hash is refused unless `force`. The destination's store is written through SQLite's
-    backup of a complete copy, so an interruption leaves it as it was. The source's experiment.yaml
-    replaces the destination's ("spec": "copied", "replaced" or None when equal or absent).
+    config hash is refused unless `force`. The copy is one write transaction on the destination's
+    store (`connect`: the store's lock, as a recording run takes it), merged into the records there:
+    a grid running in the destination meanwhile waits for it and loses no record, and an
+    interruption leaves the store as it was. The source's experiment.yaml replaces the destination's
+    ("spec": "copied", "replaced", None when equal or absent), except while a grid runs there
+    ("kept": its runner owns the spec).
     """
     from .utils import atomic_write_text
 
@@ -731,16 +766,12 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
         raise ConfigError(f"{src_dir} holds no experiment.sqlite (run `posbias experiment run` first)")
     if src_dir.resolve() == dest_dir.resolve():
         raise ConfigError(f"experiment copy: source and destination are the same folder ({src_dir})")
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    with closing(sqlite3.connect(":memory:")) as work:
-        dest_db = dest_dir / "experiment.sqlite"
-        if dest_db.is_file():
-            with closing(sqlite3.connect(str(dest_db), timeout=60)) as d, readable_store(dest_db):
-                check_store(d, dest_db)
-                d.backup(work)
-        work.executescript(SCHEMA)
-        with readable_store(src_db), closing(open_for_reading(src_db)) as src:
-            check_store(src, src_db)
+    outputs.claim_folder(dest_dir, "experiment copy: destination")
+    dest_db = outputs.no_link(dest_dir / "experiment.sqlite", "experiment copy")
+    with closing(connect(dest_db)) as work, readable_store(dest_db), \
+            readable_store(src_db), closing(open_for_reading(src_db)) as src:
+        check_store(src, src_db)
+        with work:  # BEGIN IMMEDIATE: the destination store's write lock, for the whole copy
             finished = src.execute("SELECT * FROM runs WHERE status = 'finished' ORDER BY name").fetchall()
             columns = [c[0] for c in src.execute("SELECT * FROM runs LIMIT 0").description]
             conflicts = []
@@ -753,31 +784,22 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
                 raise ConfigError(f"experiment copy: run {conflicts[0]} is finished in both {src_dir} and {dest_dir} "
                                   f"with different configs ({len(conflicts)} run(s) in all); pass --force to "
                                   "replace the destination's")
-            with work:
-                for row in finished:
-                    work.execute("DELETE FROM runs WHERE name = ?", (row[0],))
-                    work.execute(f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", row)
-                    for table in ("segments", "question_scores", "curves"):
-                        work.execute(f"DELETE FROM {table} WHERE run = ?", (row[0],))
-                        rows = src.execute(f"SELECT * FROM {table} WHERE run = ?", (row[0],)).fetchall()
-                        if rows:
-                            work.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
-                    # A run recorded before the store kept position updates: take them from its folder
-                    # while it is still there.
-                    if not work.execute("SELECT 1 FROM curves WHERE run = ? AND kind = 'position_updates' LIMIT 1",
-                                        (row[0],)).fetchone():
-                        out = row[columns.index("output_dir")]
-                        points = position_update_curve(Path(out) / "position_updates.json") if out else {}
-                        work.executemany("INSERT INTO curves VALUES (?, ?, ?, ?)",
-                                         [(row[0], kind, step, value) for (kind, step), value in points.items()])
-        tmp = dest_dir / "experiment.sqlite.tmp"
-        tmp.unlink(missing_ok=True)
-        with closing(sqlite3.connect(str(tmp))) as out:
-            work.backup(out)
-            out.execute("VACUUM")
-        tmp.replace(dest_db)
-        for suffix in ("-wal", "-shm"):  # a stale write-ahead log must not be replayed onto the new file
-            (dest_dir / f"experiment.sqlite{suffix}").unlink(missing_ok=True)
+            for row in finished:
+                work.execute("DELETE FROM runs WHERE name = ?", (row[0],))
+                work.execute(f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", row)
+                for table in ("segments", "question_scores", "curves"):
+                    work.execute(f"DELETE FROM {table} WHERE run = ?", (row[0],))
+                    rows = src.execute(f"SELECT * FROM {table} WHERE run = ?", (row[0],)).fetchall()
+                    if rows:
+                        work.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+                # A run recorded before the store kept position updates: take them from its folder
+                # while it is still there.
+                if not work.execute("SELECT 1 FROM curves WHERE run = ? AND kind = 'position_updates' LIMIT 1",
+                                    (row[0],)).fetchone():
+                    out = row[columns.index("output_dir")]
+                    points = position_update_curve(Path(out) / "position_updates.json") if out else {}
+                    work.executemany("INSERT INTO curves VALUES (?, ?, ?, ?)",
+                                     [(row[0], kind, step, value) for (kind, step), value in points.items()])
     # The source's spec comes along, as `experiment run` rewrites a folder's spec on every run: an
     # archive refreshed while its grid grows (an arm added) then names the new arms too.
     spec_src, spec_dest, spec = src_dir / "experiment.yaml", dest_dir / "experiment.yaml", None
@@ -786,11 +808,28 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
         if not spec_dest.is_file():
             spec = "copied"
         elif spec_dest.read_text(encoding="utf-8") != text:
-            spec = "replaced"
-        if spec:
+            spec = "kept" if grid_running(dest_dir) else "replaced"
+        if spec in ("copied", "replaced"):
             atomic_write_text(spec_dest, text)
     return {"source": str(src_dir), "destination": str(dest_dir), "copied": [r[0] for r in finished],
             "replaced": conflicts, "spec": spec}
+
+
+def grid_running(exp_dir) -> bool:
+    """Whether a live process holds one of the folder's run locks (`claim`): a grid runs there."""
+    for path in sorted((Path(exp_dir) / "locks").rglob("*.lock")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            if not _try_lock(fd):
+                return True
+        finally:
+            os.close(fd)  # closing ends the lock taken to look
+    return False
 
 
 # -------------------------------------------------------------------------------------- aggregation

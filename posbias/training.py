@@ -50,7 +50,6 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -63,7 +62,7 @@ from .analysis.updates import PositionUpdateCounter
 from .batching import batch_order, move
 from .checkpoint import MODEL_META, check_max_seq_len, save_checkpoint
 from .config import RunConfig, load_config, save_config
-from . import devices
+from . import devices, outputs
 from .encoders import WEIGHTS, first_shape_error, weight_shapes
 from .errors import ConfigError, TrainingError, failure_message
 from .perturb import perturbations_by_mode, training_passes
@@ -183,11 +182,19 @@ class _RunRecord:
             pass
 
 
+# Every name training writes in train.output_dir: none may be a link (`outputs.no_link`).
+WRITTEN = ("best", "best.tmp", "best.old", "eval", "eval.tmp", "eval.old", "checkpoints", "checkpoints/last",
+           "checkpoints/last.tmp", "checkpoints/last.old", "data_order", "train_log.jsonl", "eval_log.jsonl",
+           "config.yaml", "run_info.json", "position_updates.json")
+
+
 def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, progress: bool = True,
           data: dict | None = None) -> dict:
     """Train a model for `cfg.task` as `cfg` says; returns a summary (best step, metrics, throughput).
 
-    A run that fails after it started (see `_RunRecord`) ends `failed` in run_info.json, with the error.
+    train.output_dir must be new, empty or posbias's own (`outputs.output_folder`); it has one
+    writer at a time: the main process holds its lock for the whole run. A run that fails after it
+    started (see `_RunRecord`) ends `failed` in run_info.json, with the error.
 
     Args:
         resume: a checkpoint folder, or "auto" for `<output_dir>/checkpoints/last` when present.
@@ -195,14 +202,20 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         data: {"train": ..., "eval": ...} in-memory data sets (Hugging Face `datasets`) read instead of
             data.train_file / data.eval_file, which then only name them (`posbias.api.train`).
     """
-    record = _RunRecord()
-    try:
-        return _train(cfg, resume, overwrite, progress, data, record)
-    except BaseException as e:
-        if isinstance(e, OSError) and e.filename is None:  # e.g. a log line on a full disk: name the run
-            e = OSError(e.errno, e.strerror or str(e), str(cfg.train.output_dir))
-        record.fail(e)
-        raise e
+    out = Path(cfg.train.output_dir)
+    _check_output_dir(out, "train.output_dir")
+    # Under torchrun / `accelerate launch` every process trains; the first (RANK 0) writes and locks.
+    with outputs.output_folder(out, "train.output_dir", hold=os.environ.get("RANK", "0") in ("0", "")):
+        for name in WRITTEN:
+            outputs.no_link(out / name, "train.output_dir")
+        record = _RunRecord()
+        try:
+            return _train(cfg, resume, overwrite, progress, data, record)
+        except BaseException as e:
+            if isinstance(e, OSError) and e.filename is None:  # e.g. a log line on a full disk: name the run
+                e = OSError(e.errno, e.strerror or str(e), str(cfg.train.output_dir))
+            record.fail(e)
+            raise e
 
 
 def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, data: dict | None,
@@ -213,7 +226,6 @@ def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
 
     t, d = cfg.train, cfg.data
     out = Path(t.output_dir)
-    _check_output_dir(out, "train.output_dir")
     last_dir = out / "checkpoints" / "last"
     # A crash between the two renames of a save leaves `last` (or `best`, `eval`) missing beside a
     # complete `.tmp` or `.old` copy: put it back before deciding whether there is a run to resume.
@@ -313,7 +325,7 @@ def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
             for stale in ("train_log.jsonl", "eval_log.jsonl"):
                 (out / stale).unlink(missing_ok=True)
             for stale in ("best", "eval", "checkpoints", "data_order", "eval.tmp", "best.tmp"):
-                shutil.rmtree(out / stale, ignore_errors=True)
+                outputs.remove_dir(out / stale, "train.output_dir")
         else:  # steps after the checkpoint will run again: drop their log lines
             for log in ("train_log.jsonl", "eval_log.jsonl"):
                 _truncate_log(out / log, state["global_step"])
@@ -432,7 +444,7 @@ def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
                 if main:
                     _save_best(raw_model, cfg, tokenizer, out, step, result)
             elif main:
-                shutil.rmtree(out / "eval.tmp", ignore_errors=True)
+                outputs.remove_dir(out / "eval.tmp", "train.output_dir")
             model.train()
         if do_save:
             state["global_step"] = step
@@ -589,8 +601,7 @@ def _truncate_log(path: Path, last_step: int) -> None:
 
 
 def _save_best(raw_model, cfg, tokenizer, out: Path, step: int, result: dict | None) -> None:
-    tmp = out / "best.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = outputs.fresh_dir(out / "best.tmp", "train.output_dir")
     save_checkpoint(raw_model, cfg, tokenizer, tmp, extra={"step": step, "metrics": result})
     replace_dir(tmp, out / "best")
     if result is not None:
@@ -601,8 +612,7 @@ def _save_last(acc, raw_model, optimizer, scheduler, cfg, tokenizer, state, last
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     rngs = gather_object([rng])  # one entry per process, in rank order
     if acc.is_main_process:
-        tmp = last_dir.with_name("last.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = outputs.fresh_dir(last_dir.with_name("last.tmp"), "train.output_dir")
         save_checkpoint(raw_model, cfg, tokenizer, tmp, extra={"step": state["global_step"]})
         save_state({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rngs}, tmp)
         # trainer_state.json last: its presence marks a complete checkpoint.

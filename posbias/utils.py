@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import ConfigError
+
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read the process umask (os.umask can only read it by setting it)
@@ -120,6 +122,10 @@ def replace_dir(tmp_dir: Path, final_dir: Path) -> None:
     """Move a fully written `tmp_dir` into place as `final_dir` (the old one removed last)."""
     final_dir = Path(final_dir)
     old = final_dir.with_name(final_dir.name + ".old")
+    for p in (Path(tmp_dir), final_dir, old):  # never move or rmtree through a link into another folder
+        if p.is_symlink():
+            raise ConfigError(f"{p} is a symbolic link; posbias never writes or deletes through a link there: "
+                              "remove the link")
     if old.exists():
         shutil.rmtree(old)
     if final_dir.exists():

@@ -10,6 +10,7 @@ from posbias.checkpoint import save_checkpoint
 from posbias.cli import main
 from posbias.config import build_config, config_from
 from posbias.errors import ConfigError, DataError, PosbiasError
+from posbias.outputs import write_marker
 
 from conftest import DEMO_DEV, run_cli, tiny_config
 
@@ -87,7 +88,9 @@ def test_cli_evaluate_tagging_long_max_seq_len_is_one_line(models, long_data):
 # ---- outputs go through a temporary folder: a failed run leaves the previous outputs untouched
 
 def _old_outputs(folder):
+    """A previous output of posbias: its files and its marker (`posbias.outputs`)."""
     folder.mkdir()
+    write_marker(folder, "evaluate")
     for name in ("predictions.json", "nbest.json", "metrics.json", "run_info.json"):
         (folder / name).write_text('{"old": true}\n', encoding="utf-8")
     return {p.name: p.read_text(encoding="utf-8") for p in folder.iterdir()}
@@ -136,7 +139,7 @@ def test_a_finished_run_replaces_the_whole_output_set(models, tmp_path):
     _old_outputs(out)
     posbias.evaluate(models["tagging"], "demo:wnut-dev", out, overrides=["data.max_eval_examples=5"], progress=False)
     # No nbest.json / predictions.json of the previous (QA) run beside the new tagging outputs.
-    assert sorted(_files(out)) == ["config.yaml", "metrics.json", "predictions.conll", "run_info.json"]
+    assert sorted(_files(out)) == [".posbias-output", "config.yaml", "metrics.json", "predictions.conll", "run_info.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ev"]
 
 

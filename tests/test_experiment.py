@@ -480,7 +480,7 @@ def test_copy_archives_restores_and_joins_results(smoke, tmp_path):
     archive = tmp_path / "archive"
     res = posbias.experiment_copy(exp_dir, archive)
     assert sorted(res["copied"]) == sorted(f"{m}/seed{s}" for m in spec["methods"] for s in spec["seeds"])
-    assert {p.name for p in archive.iterdir()} == {"experiment.sqlite", "experiment.yaml"}
+    assert {p.name for p in archive.iterdir()} == {".posbias-output", "experiment.sqlite", "experiment.yaml"}
     original, copied = load_results(exp_dir), load_results(archive)
     for key in ("runs", "segments", "curves", "questions"):
         rows = lambda r: sorted(r[key], key=lambda x: json.dumps(x, sort_keys=True))  # noqa: E731

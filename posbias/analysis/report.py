@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import numpy as np
 
+from ..outputs import claim_folder, no_link
 from .text import md_escape, plot_text
 
 SIGNIFICANCE = 0.05
@@ -443,8 +444,7 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     from .bias import experiment_rows
 
     results = load_results(exp_dir, only=only, baseline=baseline)
-    exp_dir = Path(output_dir or exp_dir)
-    exp_dir.mkdir(parents=True, exist_ok=True)
+    exp_dir = claim_folder(output_dir or exp_dir, "experiment report: output folder")  # new, empty or ours
     rows = aggregate(results, bootstrap_samples=bootstrap_samples)
     seg_rows = aggregate_segments(results, bootstrap_samples=bootstrap_samples)
     bias_rows = experiment_rows(results)
@@ -452,7 +452,7 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     improvements = []
     for name in sorted({json.loads(run["config_json"]).get("task", "qa") for run in results["runs"]}):
         improvements += getattr(get_task(name), "improvement_rows", lambda res: [])(results)
-    plots = exp_dir / "plots"
+    plots = no_link(exp_dir / "plots", "experiment report")
     plots.mkdir(exist_ok=True)
     metrics = list(dict.fromkeys(r["metric"] for r in rows))
     metrics = sorted(metrics, key=lambda m: m not in ("F1", "accuracy"))  # the main metric first

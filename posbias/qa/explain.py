@@ -17,6 +17,7 @@ import torch
 
 from ..analysis.text import plot_text
 from ..errors import ConfigError
+from ..outputs import output_folder
 from ..utils import atomic_write_json
 
 
@@ -51,13 +52,12 @@ def explain_attention(model_path, question: str, context: str, out_dir, answer: 
                           "`explain attention` needs a dynamic_query (DyReF) checkpoint")
     model.eval()
     result = example_attention(model, tokenizer, mcfg, question, context, answer)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "attention.png"
-    _plot(result["attention"], result["tokens"], result["predicted_tokens"], result["gold_tokens"], png,
-          f"Q: {question}  |  predicted: {result['answer']!r}" + (f"  |  gold: {answer!r}" if answer else ""))
-    result = {**result, "attention": result["attention"].round(6).tolist(), "plot": str(png)}
-    atomic_write_json(out / "attention.json", result, indent=None)
+    with output_folder(out_dir, "explain --output-dir") as out:  # new, empty or ours; one writer
+        png = out / "attention.png"
+        _plot(result["attention"], result["tokens"], result["predicted_tokens"], result["gold_tokens"], png,
+              f"Q: {question}  |  predicted: {result['answer']!r}" + (f"  |  gold: {answer!r}" if answer else ""))
+        result = {**result, "attention": result["attention"].round(6).tolist(), "plot": str(Path(out_dir) / png.name)}
+        atomic_write_json(out / "attention.json", result, indent=None)
     return result
 
 

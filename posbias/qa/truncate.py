@@ -24,6 +24,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from ..outputs import check_not_input, safe_name
 from .examples import QAExample
 from .sentences import DEFAULT_LAST, NO_ANSWER, answer_sentence, sentence_label
 
@@ -179,6 +180,8 @@ def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_rang
     from ..errors import ConfigError
     from .readers import read_dataset
 
+    safe_name(name, "--name")  # the file name of the set written
+    check_not_input(out_dir, inputs, "--out")
     if truncate is not None and truncate_range is not None:
         raise ConfigError("choose --truncate L or --truncate-range L1 L2, not both")
     if sample is not None and sample <= 0:
@@ -220,7 +223,7 @@ def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_rang
     available = {part: len(exs) for part, exs in parts.items()}
     if sample is not None:
         parts = {part: sample_examples(exs, sample, seed) for part, exs in parts.items()}
-    with staged_output(out_dir, {"stats.md", "stats.json", *(f"{part}.json" for part in parts)}) as out:
+    with staged_output(out_dir, {"stats.md", "stats.json", *(f"{part}.json" for part in parts)}, "--out") as out:
         return _write_build(out, parts, inputs, label, seed, n_read, before, available, sample,
                             {part: len(ids) for part, ids in halves.items()}, ds.null_answers, selection)
 
