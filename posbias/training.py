@@ -65,6 +65,7 @@ from .checkpoint import MODEL_META, check_max_seq_len, save_checkpoint
 from .config import RunConfig, load_config, save_config
 from . import devices
 from .errors import ConfigError, TrainingError
+from .limits import load_json
 from .perturb import perturbations_by_mode, training_passes
 from .precision import resolve_precision
 from .tasks import get_task
@@ -256,7 +257,7 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
-        state.update(json.loads((Path(resume) / "trainer_state.json").read_text(encoding="utf-8")))
+        state.update(load_json(Path(resume) / "trainer_state.json", "trainer state"))
         if state.get("position_updates"):
             updates.counts[:] = state["position_updates"]["counts"]
             updates.steps = state["position_updates"]["steps"]
@@ -460,7 +461,7 @@ def _flat_config(d: dict, prefix: str = "") -> dict:
 def _diverged(out: Path, run_info: dict, main: bool, step: int, value, last_dir: Path) -> None:
     """Stop a run whose loss became NaN/inf at `step`, naming the last good checkpoint."""
     if (last_dir / "trainer_state.json").is_file():
-        done = json.loads((last_dir / "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
+        done = load_json(last_dir / "trainer_state.json", "trainer state")["global_step"]
         where = f"the last good checkpoint is {last_dir} (step {done})"
     else:
         where = "no checkpoint was saved before it"
