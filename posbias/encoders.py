@@ -259,7 +259,7 @@ def check_model_folder(folder: str, key: str) -> None:
                    "tokenizer_config.json": ("tokenizer_class", tokenizer_class_from_name)}
     for name in MODEL_JSON:
         file = Path(folder) / name
-        if not file.is_file():
+        if not file.exists():  # not is_file(): a device or a pipe in its place is refused, not skipped
             continue
         doc = load_json(file, "model file")
         if name not in code_fields or not isinstance(doc, dict) or not doc.get("auto_map"):

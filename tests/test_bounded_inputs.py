@@ -413,6 +413,18 @@ def test_a_damaged_json_file_in_a_checkpoint_is_one_line(tmp_path, checkpoint, c
     assert err.count("\n") == 1 and f"{folder / name}: " in err, err
 
 
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+def test_a_device_in_place_of_a_model_file_is_one_line(tmp_path, checkpoint, capsys, name):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, folder)
+    (folder / name).unlink()
+    (folder / name).symlink_to("/dev/zero")
+    with address_space_cap():
+        assert main(["evaluate", "qa", "--model", str(folder), "--data", DEMO_DEV]) == 2
+    assert capsys.readouterr().err == f"posbias: error: {folder / name}: is a device, not a model file: give a " \
+                                      "regular file (or a pipe)\n"
+
+
 @pytest.mark.parametrize("name", ["trainer_state.json", "training_state.json"])
 def test_deeply_nested_resume_state_is_one_line(tmp_path, resumable, capsys, name):
     cfg_file, run = resumable
