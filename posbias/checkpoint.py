@@ -7,7 +7,6 @@ folders, so models trained elsewhere can be evaluated and diagnosed here.
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from . import outputs
 from .config import RunConfig, load_config, save_config
 from .encoders import WEIGHTS, local_dir
 from .errors import ConfigError
+from .limits import load_json
 from .utils import atomic_write_json, replace_dir, save_safetensors
 
 CHECKPOINT_CONFIG = "posbias.yaml"
@@ -56,10 +56,7 @@ def read_posbias_files(path) -> tuple[RunConfig, dict]:
     except ConfigError as e:  # name the file once, on one line
         msg, file = one_line(e), str(root / CHECKPOINT_CONFIG)
         raise ConfigError(msg if file in msg else f"{file}: {msg}") from None
-    try:
-        meta = json.loads((root / MODEL_META).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{root / MODEL_META}: not valid JSON ({one_line(e)})") from None
+    meta = load_json(root / MODEL_META, "model metadata")
     if not isinstance(meta, dict):
         raise ConfigError(f"{root / MODEL_META}: top level must be an object")
     return cfg, meta
@@ -74,7 +71,7 @@ def read_encoder_config(path):
         raise ConfigError(f"{path} is neither a posbias checkpoint ({CHECKPOINT_CONFIG}) nor a Hugging Face "
                           f"model folder: {file} is missing")
     try:
-        return AutoConfig.from_pretrained(str(path), local_files_only=True)
+        return AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{file}: {one_line(e)}") from None
 

@@ -16,6 +16,7 @@ import yaml
 
 from .devices import check_device_spec
 from .errors import ConfigError, did_you_mean
+from .limits import YAML_LIMIT, check_yaml_graph, check_yaml_text, read_bytes
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 RESOURCES = PACKAGE_DIR / "resources"
@@ -351,11 +352,21 @@ _YAMLLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:tru
                                   list("tTfF"))
 
 
-def yaml_safe_load(text: str):
-    """`yaml.safe_load` (no Python objects), with YAML 1.2 booleans (see `_YAMLLoader`)."""
+def yaml_safe_load(text: str, what: str = "YAML text"):
+    """`yaml.safe_load` (no Python objects), with YAML 1.2 booleans (see `_YAMLLoader`), bounded:
+    the document is composed first and refused (ConfigError naming `what`) when it is over the size
+    limit or its aliases would expand it past the node limit (`limits.check_yaml_graph`), before a
+    single Python object is built from it."""
+    check_yaml_text(text, what)
     loader = _YAMLLoader(text)
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        check_yaml_graph(node, what)
+        return loader.construct_document(node)
+    except RecursionError:  # PyYAML's composer recurses once per nesting level
+        raise ConfigError(f"{what}: YAML nested too deeply") from None
     finally:
         loader.dispose()
 
@@ -381,7 +392,7 @@ def parse_overrides(items: list[str]) -> dict:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
         k, v = item.split("=", 1)
         try:
-            value = yaml_safe_load(v) if v.strip() else None
+            value = yaml_safe_load(v, f"override {k.strip()}") if v.strip() else None
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({problem}); quote it, "
@@ -402,16 +413,14 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 def load_yaml(path) -> dict:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        d = yaml_safe_load(path.read_text(encoding="utf-8")) or {}
+        d = yaml_safe_load(read_bytes(path, "config", YAML_LIMIT).decode("utf-8"), str(path)) or {}
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save the config as UTF-8") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot be read: {e.strerror or e}") from None
     if not isinstance(d, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return d

@@ -16,12 +16,16 @@ import torch
 
 from .config import ModelConfig, resolve_path
 from .errors import ConfigError
+from .limits import load_json
 from .position_kind import PositionKind, position_kind  # noqa: F401  (re-exported: the encoders' view)
 
 from .relative_position import RELATIVE_KINDS  # noqa: E402  (provided there)
 
 # Every from_pretrained below reads a local folder: a model given by Hub id is first brought into
-# the Hugging Face cache by `local_dir` (online or offline, as the user's environment says).
+# the Hugging Face cache by `local_dir` (online or offline, as the user's environment says), which
+# also refuses a folder that needs its own Python code (`check_model_folder`). Every load passes
+# trust_remote_code=False besides: without it transformers asks on stdin, where a piped "y" runs
+# the folder's code.
 
 
 @contextlib.contextmanager
@@ -52,7 +56,8 @@ def from_pretrained_quietly(auto_cls, path: str, key: str, **kwargs):
     try:
         with warnings.catch_warnings(), quiet_transformers():
             warnings.simplefilter("ignore")
-            model, info = auto_cls.from_pretrained(path, local_files_only=True, output_loading_info=True, **kwargs)
+            model, info = auto_cls.from_pretrained(path, local_files_only=True, output_loading_info=True,
+                                                   trust_remote_code=False, **kwargs)
     except RuntimeError as e:  # weights of other shapes than config.json describes (the report is silenced)
         why = shape_mismatch(auto_cls, path, **kwargs) or " ".join(str(e).split())
         raise ConfigError(f"{key}: {Path(path) / WEIGHTS}: {why}") from None
@@ -103,8 +108,6 @@ def weight_tensors(path: str, keep) -> tuple[dict[str, torch.Tensor], str]:
     """(name -> tensor for the names `keep` accepts, the file(s) read) from a model folder's weights,
     in transformers' order of preference: model.safetensors, its sharded index, pytorch_model.bin,
     its sharded index. safetensors files are read tensor by tensor; .bin files whole (weights only)."""
-    import json
-
     from safetensors import safe_open
 
     folder = Path(path)
@@ -112,7 +115,7 @@ def weight_tensors(path: str, keep) -> tuple[dict[str, torch.Tensor], str]:
     if name is None:
         return {}, str(folder / WEIGHTS)
     if name.endswith(".index.json"):
-        weight_map = json.loads((folder / name).read_text(encoding="utf-8")).get("weight_map", {})
+        weight_map = load_json(folder / name, "weights index").get("weight_map", {})
         files = sorted({f for k, f in weight_map.items() if keep(k)})
     else:
         files = [name]
@@ -181,7 +184,8 @@ def shape_mismatch(auto_cls, path: str, **kwargs) -> str | None:
     have = weight_shapes(Path(path) / WEIGHTS)
     try:
         with torch.device("meta"):
-            model = auto_cls.from_config(AutoConfig.from_pretrained(path, local_files_only=True), **kwargs)
+            config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+            model = auto_cls.from_config(config, trust_remote_code=False, **kwargs)
     except Exception:  # only a better message was at stake: fall back to transformers' own
         return None
     prefix = model.base_model_prefix + "."
@@ -215,6 +219,7 @@ def local_dir(path: str, key: str) -> str:
     `bert-base-cased` or `org/name`, its snapshot in the Hugging Face cache — downloaded when the
     environment allows it, read from the cache under HF_HUB_OFFLINE=1. Errors name `key`."""
     if Path(path).is_dir():
+        check_model_folder(path, key)
         return path
     if Path(path).exists() or not _looks_like_hub_id(path):
         raise ConfigError(f"{key}: {path!r} is not a model folder (a folder with config.json) nor a Hugging Face "
@@ -223,7 +228,7 @@ def local_dir(path: str, key: str) -> str:
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
-        return snapshot_download(path, allow_patterns=HUB_FILES)
+        folder = snapshot_download(path, allow_patterns=HUB_FILES)
     except LocalEntryNotFoundError:
         raise ConfigError(f"{key}: {path!r} is not a local folder, and the Hugging Face Hub cannot be reached "
                           "(offline: HF_HUB_OFFLINE=1, or no network) with no copy in the cache; download it "
@@ -233,6 +238,43 @@ def local_dir(path: str, key: str) -> str:
                           f"({type(e).__name__})") from None
     except OSError as e:
         raise ConfigError(f"{key}: cannot fetch {path!r} from the Hugging Face Hub: {' '.join(str(e).split())}") from None
+    check_model_folder(folder, key)
+    return folder
+
+
+# The JSON files of a model folder that posbias or transformers read whole with Python's json.
+MODEL_JSON = ("config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json", "added_tokens.json",
+              "vocab.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def check_model_folder(folder: str, key: str) -> None:
+    """Refuse, up front and in one line naming the file, a model folder that posbias cannot open
+    safely, for every route to one (evaluate --model, model.name_or_path, model.tokenizer, a
+    checkpoint):
+
+    - one that needs its own Python code: config.json with `auto_map` and a `model_type`
+      transformers does not have, or tokenizer_config.json with `auto_map` and no `tokenizer_class`
+      transformers has. posbias never runs such code (a shared folder's `.py` file can do anything);
+    - a JSON file (`MODEL_JSON`) over the size limit, damaged, or nested deeper than Python's
+      recursion limit (`limits.load_json`), before transformers reads it unguarded.
+    """
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    code_fields = {"config.json": ("model_type", lambda t: t in CONFIG_MAPPING),
+                   "tokenizer_config.json": ("tokenizer_class", tokenizer_class_from_name)}
+    for name in MODEL_JSON:
+        file = Path(folder) / name
+        if not file.exists():  # not is_file(): a device or a pipe in its place is refused, not skipped
+            continue
+        doc = load_json(file, "model file")
+        if name not in code_fields or not isinstance(doc, dict) or not doc.get("auto_map"):
+            continue
+        field, known = code_fields[name]
+        value = doc.get(field)
+        if not (isinstance(value, str) and value and known(value)):
+            raise ConfigError(f"{key}: {folder}: {name} names code in the folder (auto_map) for {field} {value!r}, "
+                              "which transformers does not have; posbias does not run a model folder's code")
 
 
 def _looks_like_hub_id(spec: str) -> bool:
@@ -255,14 +297,12 @@ def saved_tokenizer_class(path: str):
     """The fast tokenizer class a folder's tokenizer_config.json names (`tokenizer_class`, which
     `save_pretrained` writes from the tokenizer it saves), or None when it names none that
     transformers has as a fast tokenizer (then AutoTokenizer chooses)."""
-    import json
-
     from transformers import TokenizersBackend
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
     try:
-        name = json.loads((Path(path) / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        name = load_json(Path(path) / "tokenizer_config.json", "tokenizer config").get("tokenizer_class")
+    except (ConfigError, AttributeError):
         return None  # no or no readable file: open_tokenizer's own checks name the problem
     cls = tokenizer_class_from_name(name) if isinstance(name, str) and name else None
     return cls if isinstance(cls, type) and issubclass(cls, TokenizersBackend) else None
@@ -284,7 +324,7 @@ def open_tokenizer(path: str, *, as_saved: bool = False, **kwargs):
 
     loader = (saved_tokenizer_class(path) if as_saved else None) or AutoTokenizer
     try:
-        tok = loader.from_pretrained(path, local_files_only=True, **kwargs)
+        tok = loader.from_pretrained(path, local_files_only=True, trust_remote_code=False, **kwargs)
     except (OSError, ValueError, TypeError) as e:
         raise ConfigError(f"cannot load a tokenizer from {path}: {e}") from None
     # Without its files, transformers 5 quietly builds the class's tokenizer with only its special
@@ -317,9 +357,9 @@ def encoder_from_config(config):
     from transformers import AutoModel
 
     try:
-        encoder = AutoModel.from_config(config, add_pooling_layer=False)
+        encoder = AutoModel.from_config(config, add_pooling_layer=False, trust_remote_code=False)
     except TypeError:  # an encoder class without a pooler option
-        encoder = AutoModel.from_config(config)
+        encoder = AutoModel.from_config(config, trust_remote_code=False)
     kind = getattr(config, "position_embedding_type", None)
     if kind in RELATIVE_KINDS:
         from .relative_position import apply_relative_positions
@@ -355,7 +395,7 @@ def load_encoder(mcfg: ModelConfig, tokenizer):
         spec.setdefault("pad_token_id", tokenizer.pad_token_id)
         model_type = spec.pop("model_type")
         try:
-            config = AutoConfig.for_model(model_type, **spec)
+            config = AutoConfig.for_model(model_type, **spec)  # built-in classes only: no remote code
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"model.encoder: {e}") from None
         encoder = encoder_from_config(config)
@@ -422,7 +462,7 @@ def hf_task_model(auto_cls, encoder, checkpoint, **config_updates):
     config.architectures = None
     for k, v in config_updates.items():
         setattr(config, k, v)
-    hf = auto_cls.from_config(config)
+    hf = auto_cls.from_config(config, trust_remote_code=False)
     base = getattr(hf, hf.base_model_prefix)
     missing, unexpected = base.load_state_dict(encoder.state_dict(), strict=False)
     # Only a pooler the task model does not use may be missing.

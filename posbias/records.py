@@ -7,12 +7,10 @@ reader returns the valid records plus an account of the skipped ones. File-level
 """
 from __future__ import annotations
 
-import gzip
-import zlib
 from collections.abc import Iterable
-from pathlib import Path
 
 from .errors import DataError
+from .limits import data_limit, gunzip, read_bytes
 
 ON_BAD_RECORD = ("error", "skip")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -24,17 +22,14 @@ def check_on_bad_record(value: str) -> None:
 
 
 def read_text(path) -> str:
-    """The file as text; gunzipped when it starts with the gzip magic bytes, whatever its suffix."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as e:
-        raise DataError(path, None, f"cannot read file: {e.strerror or e}") from e
+    """The file as text; gunzipped when it starts with the gzip magic bytes, whatever its suffix.
+    Bounded (`limits`): a device, a file or gunzipped stream over `data_limit()`, or a gzip bomb is
+    refused with one line instead of filling memory."""
+    limit = data_limit()
+    raw = read_bytes(path, "data file", limit, data=True)
     gzipped = raw[:2] == _GZIP_MAGIC
     if gzipped:
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
-            raise DataError(path, None, f"corrupt gzip data: {e}") from None
+        raw = gunzip(raw, path, "data file", limit)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -14,10 +14,10 @@ allowed by name), which refuses any other object instead of running it.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .errors import ConfigError
+from .limits import load_json
 from .utils import atomic_write_json, save_safetensors
 
 TENSORS = "training_state.safetensors"
@@ -91,10 +91,7 @@ def load_state(folder) -> dict:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        try:
-            doc = json.loads((folder / PLAIN).read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ConfigError(f"{folder / PLAIN}: not valid JSON ({e})") from None
+        doc = load_json(folder / PLAIN, "training state")
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ConfigError(f"{folder / PLAIN}: not a posbias training state (format {FORMAT})")
         if not isinstance(doc.get("state"), dict):

@@ -65,6 +65,7 @@ from .config import RunConfig, load_config, save_config
 from . import devices, outputs
 from .encoders import WEIGHTS, first_shape_error, weight_shapes
 from .errors import ConfigError, TrainingError, failure_message
+from .limits import load_json
 from .perturb import perturbations_by_mode, training_passes
 from .precision import resolve_precision
 from .tasks import get_task
@@ -526,11 +527,7 @@ _TRAINER_STATE = {"global_step": (int,), "best_metric": (int, float, type(None))
 
 def _read_trainer_state(file: Path) -> dict:
     """A checkpoint's trainer_state.json, checked key by key: a damaged one is an error naming it."""
-    try:
-        state = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ConfigError(f"{file}: not valid JSON ({' '.join(str(e).split())[:120]}); the checkpoint is "
-                          "damaged") from None
+    state = load_json(file, "trainer state")  # bounded: size, nesting, valid UTF-8 JSON
     if not isinstance(state, dict):
         raise ConfigError(f"{file}: not a posbias trainer state (a JSON object); the checkpoint is damaged")
     for key, types in _TRAINER_STATE.items():

@@ -26,7 +26,6 @@ best-threshold walk (it is not counted among the "abstain" starting points).
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import string
@@ -35,6 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from posbias.errors import ConfigError, DataError
+from posbias.limits import data_limit, load_json
 
 VERSIONS = ("1.1", "2.0")
 _PUNCT = frozenset(string.punctuation)
@@ -292,15 +292,7 @@ def _check_version(version):
 
 def _read_json_object(path, value_types, what):
     """Read a JSON object of id -> value, naming the file and record on the first bad entry."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except json.JSONDecodeError as e:
-        raise DataError(path, None, f"not valid JSON ({e})") from e
-    except RecursionError:
-        raise DataError(path, None, "JSON nested too deeply to read") from None
-    except UnicodeDecodeError as e:
-        raise DataError(path, None, f"not UTF-8 text (byte {e.start})") from None
+    obj = load_json(path, "predictions file", data_limit(), data=True)
     if not isinstance(obj, dict):
         raise DataError(
             path, None, f"expected a JSON object mapping question id to {what}, "

@@ -203,7 +203,7 @@ def model_from_checkpoint(path: str, cfg, meta: dict):
     from transformers import AutoConfig
 
     tokenizer = open_tokenizer(path, as_saved=True)
-    encoder = encoder_from_config(AutoConfig.from_pretrained(path, local_files_only=True))
+    encoder = encoder_from_config(AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False))
     debias, prior = getattr(cfg.train, "debias", None), None
     saved = (meta.get("debias") or {}).get("prior")
     if debias is not None and saved is not None:

@@ -92,7 +92,7 @@ def model_from_checkpoint(path: str, cfg, meta: dict):
     from .task import tagging_tokenizer
 
     tokenizer = tagging_tokenizer(path, as_saved=True)
-    encoder = encoder_from_config(AutoConfig.from_pretrained(path, local_files_only=True))
+    encoder = encoder_from_config(AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False))
     return TaggerModel(encoder, meta["labels"], meta["scheme"], dropout=meta.get("dropout")), tokenizer
 
 
