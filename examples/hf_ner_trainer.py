@@ -60,9 +60,9 @@ def main(argv=None):
 
     train, dev = load(args.train), load(args.dev)
     labels = sorted({t for tags in train["tags"] for t in tags})
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
     model = AutoModelForTokenClassification.from_pretrained(
-        args.model, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={t: i for i, t in enumerate(labels)})
+        args.model, trust_remote_code=False, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={t: i for i, t in enumerate(labels)})
 
     def encode(batch):
         enc = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=args.max_length)

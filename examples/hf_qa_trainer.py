@@ -57,8 +57,8 @@ def main(argv=None):
 
     train = load(args.train)
     read_qa(args.dev)  # posbias: a bad dev file fails now, not after training
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForQuestionAnswering.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
+    model = AutoModelForQuestionAnswering.from_pretrained(args.model, trust_remote_code=False)
 
     def windows(batch):  # the usual run_qa.py pre-processing: overlapping windows, answer token span
         enc = tokenizer(batch["question"], batch["context"], truncation="only_second", max_length=args.max_length,
