@@ -94,6 +94,27 @@ def tiny_cfg(tmp_path):
     return build_config(tiny_config(tmp_path))
 
 
+def save_tiny_checkpoints(root) -> dict:
+    """Tiny random posbias checkpoints, untrained (a QA one, SQuAD v1: no null answer, and a tagging
+    one with person tags), saved under `root`: {"qa": path, "tagging": path}."""
+    from posbias.checkpoint import save_checkpoint
+    from posbias.config import config_from
+    from posbias.qa.model import build_model as build_qa
+    from posbias.tagging.model import build_model as build_tagger
+    from posbias.tasks import get_task
+
+    root = Path(root)
+    torch.manual_seed(0)
+    cfg = build_config(tiny_config())
+    tokenizer = get_task("qa").load_tokenizer(cfg)
+    save_checkpoint(build_qa(cfg.model, tokenizer, null_answer=False), cfg, tokenizer, root / "qa")
+    cfg = config_from("tiny_tagging")
+    tokenizer = get_task("tagging").load_tokenizer(cfg)
+    save_checkpoint(build_tagger(cfg.model, tokenizer, ["O", "B-person", "I-person"], "iob2"), cfg, tokenizer,
+                    root / "tagging")
+    return {"qa": str(root / "qa"), "tagging": str(root / "tagging")}
+
+
 def tiny_model(tokenizer, null_answer=False, head="independent", seed=0):
     from posbias.qa.model import build_model
 

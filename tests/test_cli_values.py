@@ -9,13 +9,9 @@ import argparse
 import re
 
 import pytest
-import torch
 
-from conftest import tiny_config
+from conftest import save_tiny_checkpoints
 from posbias import cli
-from posbias.checkpoint import save_checkpoint
-from posbias.config import build_config, config_from
-from posbias.tasks import get_task
 
 
 def leaf_parsers(parser: argparse.ArgumentParser, path=()):
@@ -123,19 +119,7 @@ def test_the_walk_reaches_every_command_and_numeric_option():
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Tiny random checkpoints: overrides are applied to a model's saved config."""
-    from posbias.qa.model import build_model as build_qa
-    from posbias.tagging.model import build_model as build_tagger
-
-    root = tmp_path_factory.mktemp("models")
-    torch.manual_seed(0)
-    cfg = build_config(tiny_config())
-    tokenizer = get_task("qa").load_tokenizer(cfg)
-    save_checkpoint(build_qa(cfg.model, tokenizer, null_answer=False), cfg, tokenizer, root / "qa")
-    cfg = config_from("tiny_tagging")
-    tokenizer = get_task("tagging").load_tokenizer(cfg)
-    save_checkpoint(build_tagger(cfg.model, tokenizer, ["O", "B-person", "I-person"], "iob2"), cfg, tokenizer,
-                    root / "tagging")
-    return {"qa": str(root / "qa"), "tagging": str(root / "tagging")}
+    return save_tiny_checkpoints(tmp_path_factory.mktemp("models"))
 
 
 BAD_OVERRIDES = [("train.max_steps=2.5", "train.max_steps"), ("train.eval_batch_size=abc", "train.eval_batch_size"),

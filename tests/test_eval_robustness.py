@@ -3,16 +3,14 @@ and never a half-written or mixed output folder."""
 import json
 
 import pytest
-import torch
 
 import posbias
-from posbias.checkpoint import save_checkpoint
 from posbias.cli import main
-from posbias.config import build_config, config_from
+from posbias.config import build_config
 from posbias.errors import ConfigError, DataError, PosbiasError
 from posbias.outputs import write_marker
 
-from conftest import DEMO_DEV, run_cli, tiny_config
+from conftest import DEMO_DEV, run_cli, save_tiny_checkpoints
 
 WORDS = ["the", "cat", "sat", "on", "the", "mat"] * 120  # 720 words: more tokens than the 512 positions
 
@@ -20,20 +18,7 @@ WORDS = ["the", "cat", "sat", "on", "the", "mat"] * 120  # 720 words: more token
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """A tiny random QA checkpoint (SQuAD v1: no null answer) and a tiny tagging checkpoint."""
-    from posbias.qa.model import build_model as build_qa
-    from posbias.tagging.model import build_model as build_tagger
-    from posbias.tasks import get_task
-
-    root = tmp_path_factory.mktemp("models")
-    torch.manual_seed(0)
-    cfg = build_config(tiny_config())
-    tokenizer = get_task("qa").load_tokenizer(cfg)
-    save_checkpoint(build_qa(cfg.model, tokenizer, null_answer=False), cfg, tokenizer, root / "qa")
-    cfg = config_from("tiny_tagging")
-    tokenizer = get_task("tagging").load_tokenizer(cfg)
-    save_checkpoint(build_tagger(cfg.model, tokenizer, ["O", "B-person", "I-person"], "iob2"), cfg, tokenizer,
-                    root / "tagging")
-    return {"qa": str(root / "qa"), "tagging": str(root / "tagging")}
+    return save_tiny_checkpoints(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")
