@@ -32,8 +32,9 @@ import shutil
 import socket
 from pathlib import Path
 
-from .errors import ConfigError
-from .utils import atomic_write_json, now_iso
+from .errors import ConfigError, PosbiasError
+from .limits import load_json
+from .utils import atomic_write_json, now_iso, recover_dir
 
 try:
     import fcntl
@@ -122,13 +123,12 @@ def is_marked(folder) -> bool:
 
 def _json_value(path: Path, limit: int = 64 << 20):
     """The JSON value in `path`, or None (missing, a link, too large, not JSON)."""
-    try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > limit:
-            return None
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+    if path.is_symlink() or not path.is_file():
         return None
-    return obj
+    try:
+        return load_json(path, "an output file", limit)
+    except (PosbiasError, OSError):
+        return None
 
 
 def _json_object(path: Path):
@@ -274,12 +274,12 @@ def restore(final, what: str) -> None:
     holding the lock): with `final` gone, a complete `<final>.tmp` (marked: the marker is written
     last) takes its place, else `<final>.old` (a complete earlier output). `.old` is then removed."""
     final = Path(final)
-    tmp, old = (no_link(final.with_name(final.name + s), what) for s in (".tmp", ".old"))
+    for suffix in (".tmp", ".old"):  # never moved or deleted through a link
+        no_link(final.with_name(final.name + suffix), what)
+    old = final.with_name(final.name + ".old")
     if not final.exists() and not final.is_symlink():
-        if tmp.is_dir() and is_marked(tmp):
-            os.replace(tmp, final)
-        elif old.is_dir() and (is_marked(old) or recognised(old)):
-            os.replace(old, final)
+        if not recover_dir(final, MARKER) and old.is_dir() and recognised(old):
+            os.replace(old, final)  # an earlier version's output: no marker to go by
     if final.is_dir() and old.exists():
         remove_dir(old, what)
 
