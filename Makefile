@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast bench gpu-check clean
 
 # Exact versions from constraints.txt (pyproject.toml only declares the supported ranges); its
 # torch==2.13.0 is the CPU build on this project's machines, not a multi-GB CUDA one.
@@ -26,6 +26,29 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/bench_qa.py
+
+# The GPU check, also for a bare GPU box without this venv or network (posbias installed there with
+# `pip install --no-deps -e .`): make gpu-check GPU_PY=python3
+# The `gpu` tests (pytest -m gpu: every CUDA case of the `device` fixture, tests/gpu), then
+# bench/gpu/gpu_check.py (the CLI end to end on the GPU). Everything lands in $(GPU_OUT): pytest.log,
+# pytest.xml, gpu_check.json, logs/, runs/. Without a CUDA GPU it says so and exits 0. The venv is
+# built only when its own Python is used.
+GPU_PY      ?= $(PY)
+GPU_OUT     ?= runs/gpu_check
+GPU_TIMEOUT ?= 100
+gpu-check: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
+	@$(GPU_PY) -c "import torch" || { echo "gpu-check: $(GPU_PY) cannot import torch"; exit 1; }
+	@if ! $(GPU_PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+		echo "no CUDA GPU: gpu-check skipped"; exit 0; fi; \
+	mkdir -p $(GPU_OUT); \
+	xdist=$$($(GPU_PY) -c "import xdist" 2>/dev/null && echo "-n 4"); \
+	{ timeout $(GPU_TIMEOUT) $(GPU_PY) -m pytest -m gpu -q -ra -p no:cacheprovider -p no:benchmark $$xdist \
+		--continue-on-collection-errors --junitxml=$(GPU_OUT)/pytest.xml tests; \
+		echo $$? > $(GPU_OUT)/pytest.rc; } 2>&1 | tee $(GPU_OUT)/pytest.log; \
+	rc=$$(cat $(GPU_OUT)/pytest.rc); if [ "$$rc" -eq 5 ]; then echo "no gpu tests collected"; rc=0; fi; \
+	$(GPU_PY) bench/gpu/gpu_check.py --out $(GPU_OUT) --timeout 75; rc2=$$?; \
+	echo "gpu-check: pytest -m gpu exit $$rc, gpu_check.py exit $$rc2 (outputs in $(GPU_OUT))"; \
+	[ "$$rc" -eq 0 ] && [ "$$rc2" -eq 0 ]
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

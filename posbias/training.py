@@ -306,7 +306,8 @@ def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
     updates = PositionUpdateCounter(getattr(raw_model.encoder.config, "max_position_embeddings", None)
                                     or d.max_seq_len)
     if resume is not None:
-        _load_resume(Path(resume), raw_model, optimizer, scheduler, acc.process_index, state, updates)
+        _load_resume(Path(resume), raw_model, optimizer, scheduler, acc.process_index, state, updates,
+                     device=acc.device, scaler=getattr(acc, "scaler", None))
 
     run_info = {
         "status": "running", "started": now_iso(), "seed": t.seed, "versions": versions(),
@@ -540,10 +541,12 @@ def _read_trainer_state(file: Path) -> dict:
     return state
 
 
-def _load_resume(ckpt: Path, raw_model, optimizer, scheduler, rank: int, state: dict, updates) -> None:
-    """Continue from checkpoint `ckpt`: its weights, optimizer, scheduler and RNG states and the
-    loop's state. Every file is checked before it is used: a damaged or foreign one is a ConfigError
-    naming it, not an error deep inside torch."""
+def _load_resume(ckpt: Path, raw_model, optimizer, scheduler, rank: int, state: dict, updates,
+                 device=None, scaler=None) -> None:
+    """Continue from checkpoint `ckpt`: its weights, optimizer, scheduler and RNG states (the CPU's,
+    and this process's CUDA generator when it trains on one), the fp16 loss scaler and the loop's
+    state. Every file is checked before it is used: a damaged or foreign one is a ConfigError naming
+    it, not an error deep inside torch."""
     from safetensors.torch import load_file
 
     trainer = _read_trainer_state(ckpt / "trainer_state.json")
@@ -561,6 +564,12 @@ def _load_resume(ckpt: Path, raw_model, optimizer, scheduler, rank: int, state: 
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
+        # Dropout on a GPU draws from the device's generator: without its state a resumed run
+        # repeats the masks seeded at the start (a checkpoint saved on the CPU has none to restore).
+        if device is not None and device.type == "cuda" and "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"], device)
+        if scaler is not None and extra.get("scaler"):
+            scaler.load_state_dict(extra["scaler"])
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
         raise ConfigError(f"{ckpt / PLAIN}: does not fit this run ({type(e).__name__}: "
                           f"{' '.join(str(e).split())[:160]}); the checkpoint is damaged or from another "
@@ -607,11 +616,15 @@ def _save_best(raw_model, cfg, tokenizer, out: Path, step: int, result: dict | N
 
 def _save_last(acc, raw_model, optimizer, scheduler, cfg, tokenizer, state, last_dir: Path, gather_object) -> None:
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if acc.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(acc.device)
     rngs = gather_object([rng])  # one entry per process, in rank order
     if acc.is_main_process:
         tmp = outputs.fresh_dir(last_dir.with_name("last.tmp"), "train.output_dir")
         save_checkpoint(raw_model, cfg, tokenizer, tmp, extra={"step": state["global_step"]})
-        save_state({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rngs}, tmp)
+        scaler = getattr(acc, "scaler", None)  # fp16 only: the loss scale and its growth tracker
+        save_state({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rngs,
+                    **({"scaler": scaler.state_dict()} if scaler is not None else {})}, tmp)
         # trainer_state.json last: its presence marks a complete checkpoint.
         atomic_write_json(tmp / "trainer_state.json", state)
         replace_dir(tmp, last_dir)

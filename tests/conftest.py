@@ -14,6 +14,10 @@ torch.set_num_threads(1)
 
 from posbias.config import RESOURCES, build_config  # noqa: E402
 
+# The `device` fixture and the rule keeping every other test on the CPU on a GPU box (tiny_config's
+# train.device, run_cli's CUDA_VISIBLE_DEVICES and `auto` = cpu in this process): see that module.
+from devices_under_test import CPU_ONLY_ENV, auto_device_is_cpu, device  # noqa: E402, F401
+
 TINY_ENCODER = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "intermediate_size": 64, "max_position_embeddings": 512}
 # ../shared/data beside the repository (as in CI); tests needing it skip when it is absent.
@@ -23,9 +27,10 @@ DEMO_TRAIN = str(RESOURCES / "squad_demo" / "train.json.gz")
 BIN = Path(sys.executable).parent  # the venv's console scripts (posbias, torchrun)
 
 
-def run_cli(*args, **kw) -> subprocess.CompletedProcess:
-    """`posbias ARGS` in a subprocess: one thread, offline, output captured."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+def run_cli(*args, gpu: bool = False, **kw) -> subprocess.CompletedProcess:
+    """`posbias ARGS` in a subprocess: one thread, offline, output captured; the GPUs hidden from it
+    unless `gpu` (devices_under_test)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **({} if gpu else CPU_ONLY_ENV)}
     return subprocess.run([str(BIN / "posbias"), *args], capture_output=True, text=True, env=env, timeout=300, **kw)
 
 
@@ -50,8 +55,10 @@ def tiny_config(tmp_path=None, **sections) -> dict:
         "model": {"name_or_path": None, "tokenizer": "tiny", "encoder": dict(TINY_ENCODER)},
         "data": {"train_file": "demo:train", "eval_file": "demo:dev", "max_seq_len": 128, "doc_stride": 48,
                  "max_train_examples": 48, "max_eval_examples": 24},
+        # device cpu, not auto: a config a test writes for a subprocess trains on the CPU on a GPU box
+        # too (devices_under_test); GPU tests override it with their `device`.
         "train": {"output_dir": str(tmp_path / "run") if tmp_path else "runs/test", "max_steps": 3,
-                  "batch_size": 8, "lr": 1e-3, "log_every": 1, "eval_batch_size": 16},
+                  "batch_size": 8, "lr": 1e-3, "log_every": 1, "eval_batch_size": 16, "device": "cpu"},
     }
     for k, v in sections.items():
         d[k] = {**d.get(k, {}), **v}

@@ -20,6 +20,8 @@ from posbias.config import PRESETS
 from posbias.errors import ConfigError
 from posbias.experiment import aggregate, load_experiment, load_results
 
+from devices_under_test import CPU_ONLY_ENV
+
 SMOKE = PRESETS / "experiments" / "smoke.yaml"
 BIN = Path(sys.executable).parent
 

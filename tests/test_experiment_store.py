@@ -19,10 +19,11 @@ from posbias.errors import ConfigError
 from posbias.experiment import copy_results, load_results
 
 from conftest import BIN
+from devices_under_test import CPU_ONLY_ENV
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the tests hold locks with POSIX processes")
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **CPU_ONLY_ENV}
 
 
 def tiny_spec(tmp_path, **changes) -> dict:

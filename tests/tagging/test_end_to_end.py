@@ -14,6 +14,7 @@ import posbias
 from posbias.config import build_config, config_from
 
 from conftest import BIN, INTERRUPT, run_cli
+from devices_under_test import CPU_ONLY_ENV
 
 
 
@@ -168,7 +169,7 @@ def test_two_process_tagging_with_torchrun(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **CPU_ONLY_ENV}  # gloo, also on a GPU box
     r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port),
                         "-m", "posbias", "train", "tagging", "-c", str(path)],
                        capture_output=True, text=True, env=env, timeout=600)

