@@ -42,7 +42,7 @@ from posbias.batching import batch_order  # noqa: E402
 from posbias.config import config_from, resolve_path  # noqa: E402
 from posbias.tagging.collate import collate  # noqa: E402
 from posbias.tagging.evaluate import eval_features, evaluate_dataset  # noqa: E402
-from posbias.tagging.task import label_list, read_for, tagging_tokenizer  # noqa: E402
+from posbias.tagging.inputs import label_list, read_for, tagging_tokenizer  # noqa: E402
 from posbias.utils import cpu_name, versions  # noqa: E402
 
 TASKS = {

@@ -233,7 +233,7 @@ def experiment_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[st
                       baseline: str | None = None, output_dir=None) -> dict:
     """Write report.md, report.html and plots/ for an experiment folder (into `output_dir`, default
     the folder itself); `only` (run-name patterns) and `baseline` (a method) pick a sub-comparison."""
-    from .analysis.report import write_report
+    from .grid_report import write_report
 
     with outputs.output_lock(output_dir or exp_dir, "experiment report: output folder"):  # one writer at a time
         return write_report(exp_dir, bootstrap_samples=bootstrap_samples, only=only, baseline=baseline,

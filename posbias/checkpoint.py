@@ -15,6 +15,7 @@ from .config import RunConfig, load_config, save_config
 from .encoders import WEIGHTS, local_dir
 from .errors import ConfigError
 from .limits import load_json
+from .registry import TASKS
 from .utils import atomic_write_json, replace_dir, save_safetensors
 
 CHECKPOINT_CONFIG = "posbias.yaml"
@@ -89,7 +90,6 @@ def load_checkpoint(path, map_location="cpu", task: str | None = None):
     from safetensors.torch import load_file
 
     from .encoders import check_vocab_fits, check_weights_file, first_shape_error, weight_shapes
-    from .tasks import all_tasks, get_task
 
     path = str(path)
     path = local_dir(path, "checkpoint")
@@ -99,7 +99,7 @@ def load_checkpoint(path, map_location="cpu", task: str | None = None):
             raise ConfigError(f"{path} is a {cfg.task} checkpoint, not a {task} one")
         read_encoder_config(path)  # named errors before the task model reads it
         try:
-            model, tokenizer = get_task(cfg.task).load_model(path, cfg, meta)
+            model, tokenizer = TASKS.get(cfg.task).load_model(path, cfg, meta)
         except KeyError as e:  # a fact the task model needs
             raise ConfigError(f"{Path(path) / MODEL_META}: no {e} entry") from None
         file = Path(path) / WEIGHTS
@@ -112,7 +112,7 @@ def load_checkpoint(path, map_location="cpu", task: str | None = None):
         return model, tokenizer, cfg
     config = read_encoder_config(path)
     archs = config.architectures or []
-    tasks = [t for t in all_tasks() if task in (None, t.name)]
+    tasks = [t for t in TASKS.values() if task in (None, t.name)]
     for t in tasks:
         if any(a.endswith(t.hf_suffix) for a in archs):
             check_weights_file(path)
@@ -264,17 +264,15 @@ def write_run_meta(output_dir, cfg: RunConfig, command: str, model, data, t0: fl
 
 def checkpoint_task(path) -> str:
     """The task (`qa`, `tagging`) of a posbias checkpoint or a Hugging Face task folder."""
-    from .tasks import all_tasks
-
     path = str(path)
     path = local_dir(path, "--model")
     if is_posbias_checkpoint(path):
         return read_posbias_files(path)[0].task
     archs = read_encoder_config(path).architectures or []
-    for t in all_tasks():
+    for t in TASKS.values():
         if any(a.endswith(t.hf_suffix) for a in archs):
             return t.name
-    suffixes = " or ".join(f"*{t.hf_suffix}" for t in all_tasks())
+    suffixes = " or ".join(f"*{t.hf_suffix}" for t in TASKS.values())
     raise ConfigError(f"{path}: config.json architectures {archs} has no {suffixes} model")
 
 
@@ -284,11 +282,9 @@ def evaluate_file(model, data, output_dir, overrides, task: str, evaluate, progr
     seed and versions next to the outputs (all through `staged_output`)."""
     import time
 
-    from .tasks import get_task
-
     with staged_output(output_dir) as out:
         net, tokenizer, cfg = load_for_eval(model, overrides, task)
-        ds = get_task(task).read(data, cfg)
+        ds = TASKS.get(task).read(data, cfg)
         if cfg.data.max_eval_examples:
             ds.examples = ds.examples[: cfg.data.max_eval_examples]
         t0 = time.time()

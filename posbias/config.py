@@ -17,6 +17,7 @@ import yaml
 from .devices import check_device_spec
 from .errors import ConfigError, did_you_mean
 from .limits import YAML_LIMIT, check_yaml_graph, check_yaml_text, read_bytes
+from .registry import TASKS
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 RESOURCES = PACKAGE_DIR / "resources"
@@ -433,8 +434,6 @@ def build_config(d: dict | None = None, overrides: list[str] | dict | None = Non
     `saved`: `d` is a resolved config that posbias wrote (a checkpoint's, a recorded run's): keys it
     lacks because they were added later take the value that keeps its old behaviour
     (`SAVED_BEFORE_KEY`), not today's default."""
-    from .tasks import get_task
-
     d = dict(d or {})
     task = d.get("task", "qa")
     if not isinstance(task, str):
@@ -448,7 +447,7 @@ def build_config(d: dict | None = None, overrides: list[str] | dict | None = Non
     task = d.get("task", "qa")
     if not isinstance(task, str):
         raise ConfigError(f"task must be a string, got {task!r}")
-    cfg = _from_dict(get_task(task, "task").config_class, d)
+    cfg = _from_dict(TASKS.get(task, "task").config_class, d)
     validate(cfg)
     return cfg
 

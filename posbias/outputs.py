@@ -35,6 +35,7 @@ from pathlib import Path
 from .errors import ConfigError, PosbiasError
 from .limits import load_json
 from .utils import atomic_write_json, now_iso, recover_dir
+from .version import __version__
 
 try:
     import fcntl
@@ -108,8 +109,6 @@ def fresh_dir(path, what: str) -> Path:
 # ----------------------------------------------------------------------------------- the marker
 def write_marker(folder, command: str) -> None:
     """`.posbias-output` in `folder`: posbias wrote it (version, command, time)."""
-    from . import __version__
-
     folder = Path(folder)
     no_link(folder / MARKER, command)
     atomic_write_json(folder / MARKER, {"written_by": "posbias", "version": __version__, "command": command,

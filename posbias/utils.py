@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError
+from .version import __version__
 
 
 _UMASK = os.umask(0o022)
@@ -190,8 +191,6 @@ def versions() -> dict:
     import tokenizers
     import torch
     import transformers
-
-    from . import __version__
 
     out = {
         "posbias": __version__,

@@ -14,7 +14,7 @@ from posbias.perturb import build_perturbations, training_passes
 from posbias.perturb.context_concat import concatenate_contexts, distinct_permutations, group_rows
 from posbias.tagging.collate import collate
 from posbias.tagging.features import IGNORE, build_tagging_features, separator_id, special_tokens
-from posbias.tagging.task import tagging_tokenizer
+from posbias.tagging.inputs import tagging_tokenizer
 
 from conftest import TINY_ENCODER
 

@@ -273,7 +273,7 @@ def tagging_batch():
     from posbias.tagging.collate import collate as tag_collate
     from posbias.tagging.features import build_tagging_features
     from posbias.tagging.readers import read_tagging
-    from posbias.tagging.task import tagging_tokenizer
+    from posbias.tagging.inputs import tagging_tokenizer
 
     tok = tagging_tokenizer(str(RESOURCES / "tiny_tokenizer"))
     ds = read_tagging(str(RESOURCES / "tagging_demo" / "wnut-train.conll.gz"))

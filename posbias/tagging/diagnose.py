@@ -358,7 +358,7 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
     from .duplicated import length_subset, position_eval
     from .stats import class_positions, plot_class_positions, plot_length_density
     from .evaluate import align_labels
-    from .task import length_pool, read_for
+    from .inputs import length_pool, read_for
 
     t0 = time.time()
     # Everything goes through a temporary folder, renamed when complete (`staged_output`).

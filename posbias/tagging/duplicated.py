@@ -66,7 +66,7 @@ def length_subset(examples: list[TaggingExample], quantiles: tuple[float, float]
     The bounds are the quantiles (NumPy's linear interpolation, bounds inclusive, as the authors'
     `np.percentile`) of `examples`' own lengths, or with `pool` = (lengths, the files they come
     from) of those pooled lengths: the authors' `trim_dataset` pools train, dev and test, so every
-    split is cut to the same bounds (`posbias.tagging.task.length_pool`)."""
+    split is cut to the same bounds (`posbias.tagging.inputs.length_pool`)."""
     lengths = np.array([len(e.words) for e in examples], dtype=np.int64)
     info = {"quantiles": list(quantiles) if quantiles else None, "split_sentences": len(examples),
             "pool": list(pool[1]) if pool is not None else None,

@@ -283,7 +283,7 @@ def predict_checkpoint(model, text: str | None = None, data=None, output_dir=Non
     writes predictions.conll and predictions.jsonl.
     """
     from ..checkpoint import load_for_eval, staged_output, write_run_meta
-    from .task import read_for
+    from .inputs import read_for
 
     if (text is None) == (data is None):
         raise ConfigError("predict tagging needs either text or data")

@@ -89,7 +89,7 @@ def model_from_checkpoint(path: str, cfg, meta: dict):
     """(model with random weights, tokenizer) shaped as the posbias checkpoint in `path`."""
     from transformers import AutoConfig
 
-    from .task import tagging_tokenizer
+    from .inputs import tagging_tokenizer
 
     tokenizer = tagging_tokenizer(path, as_saved=True)
     encoder = encoder_from_config(AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False))
@@ -122,7 +122,7 @@ def load_hf_tagger(path: str, config):
     from transformers import AutoModelForTokenClassification
 
     from ..config import build_config
-    from .task import tagging_tokenizer
+    from .inputs import tagging_tokenizer
 
     hf = from_pretrained_quietly(AutoModelForTokenClassification, path, "checkpoint")
     classifier = getattr(hf, "classifier", None)

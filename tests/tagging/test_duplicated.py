@@ -11,7 +11,7 @@ from posbias.config import RESOURCES, resolve_path
 from posbias.tagging import duplicated as D
 from posbias.tagging.examples import TaggingDataset, TaggingExample
 from posbias.tagging.features import separator_id, special_tokens
-from posbias.tagging.task import tagging_tokenizer
+from posbias.tagging.inputs import tagging_tokenizer
 
 from conftest import run_cli
 
@@ -131,7 +131,7 @@ def test_shift_zero_equals_k1_on_a_real_model(tmp_path):
     posbias.train("tiny_tagging", [f"train.output_dir={tmp_path / 'run'}", "train.max_steps=6",
                                    "data.train_file=demo:ewt-train", "data.eval_file=null"], progress=False)
     from posbias.checkpoint import load_checkpoint
-    from posbias.tagging.task import read_for
+    from posbias.tagging.inputs import read_for
 
     net, tok, cfg = load_checkpoint(tmp_path / "run" / "best")
     ds = read_for("demo:ewt-dev", cfg)

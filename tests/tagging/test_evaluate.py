@@ -11,7 +11,7 @@ from posbias.config import RESOURCES, build_config
 from posbias.errors import ConfigError
 from posbias.tagging.evaluate import align_labels
 from posbias.tagging.model import generic_label_names, scheme_of_labels
-from posbias.tagging.task import read_for
+from posbias.tagging.inputs import read_for
 
 from conftest import SHARED_DATA, run_cli
 

@@ -6,7 +6,7 @@ from posbias.config import RESOURCES
 from posbias.tagging.collate import collate
 from posbias.tagging.examples import TaggingExample
 from posbias.tagging.features import IGNORE, _windows, build_tagging_features, special_tokens
-from posbias.tagging.task import tagging_tokenizer
+from posbias.tagging.inputs import tagging_tokenizer
 
 
 @pytest.fixture(scope="module")

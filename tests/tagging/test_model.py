@@ -95,7 +95,7 @@ def test_export_round_trip(tmp_path, arch):
     from posbias.checkpoint import load_checkpoint
     from posbias.tagging.collate import collate
     from posbias.tagging.evaluate import eval_features
-    from posbias.tagging.task import read_for
+    from posbias.tagging.inputs import read_for
 
     cfg = tagging_config(tmp_path, arch)
     summary = posbias.train(cfg, progress=False)

@@ -18,7 +18,7 @@ from posbias.tagging import metrics as M
 from posbias.tagging.evaluate import evaluate_dataset
 from posbias.tagging.examples import TaggingDataset, TaggingExample
 from posbias.tagging.readers import read_tagging
-from posbias.tagging.task import length_pool, read_for, tagging_tokenizer
+from posbias.tagging.inputs import length_pool, read_for, tagging_tokenizer
 
 from conftest import SHARED_DATA, TINY_ENCODER
 
