@@ -58,23 +58,17 @@ def train(config, overrides=None, resume: str | None = None, overwrite: bool = F
     return _train(cfg, resume=resume, overwrite=overwrite, progress=progress, data=splits)
 
 
-def _task_of(model, task: str | None) -> str:
-    from .checkpoint import checkpoint_task
+def _task_of(model, task: str | None):
+    """The task object of a checkpoint folder (`posbias.tasks.checkpoint_task`)."""
+    from .tasks import checkpoint_task
 
-    found = checkpoint_task(model)
-    if task is not None and found != task:
-        raise ConfigError(f"{model} is a {found} model, not a {task} one")
-    return found
+    return checkpoint_task(model, task)
 
 
 def evaluate(model, data, output_dir=None, overrides=None, progress: bool = True, task: str | None = None) -> dict:
     """Score a checkpoint (posbias, or a Hugging Face QA / token-classification folder) on a data
     file; writes predictions and metrics into `output_dir` when given."""
-    if _task_of(model, task) == "qa":
-        from .qa.evaluate import evaluate_checkpoint
-    else:
-        from .tagging.evaluate import evaluate_checkpoint
-    return evaluate_checkpoint(model, data, output_dir, overrides=overrides, progress=progress)
+    return _task_of(model, task).evaluate_checkpoint(model, data, output_dir, overrides=overrides, progress=progress)
 
 
 def predict(model, question: str | None = None, context: str | None = None, data=None, output_dir=None,
@@ -84,18 +78,14 @@ def predict(model, question: str | None = None, context: str | None = None, data
     id -> {"answer", "probability", "start_char", "nbest"}.
     Tagging: tag raw `text` (split into words) or every sentence of `data`; returns
     id -> {"words", "tags", "entities" (with character offsets for text)}."""
-    if _task_of(model, task) == "qa":
-        from .qa.evaluate import predict_checkpoint
-
-        if text is not None:
-            raise ConfigError("a QA model answers a --question about a --context; --text is for tagging models")
-        return predict_checkpoint(model, question, context, data, output_dir, n_best, overrides, progress)
-    from .tagging.evaluate import predict_checkpoint
-
-    if question is not None or context is not None:
-        raise ConfigError("a tagging model tags --text or --data; --question/--context are for QA models")
-    return predict_checkpoint(model, text=text, data=data, output_dir=output_dir, overrides=overrides,
-                              progress=progress)
+    t = _task_of(model, task)
+    given = {k: v for k, v in (("question", question), ("context", context), ("text", text)) if v is not None}
+    wrong = [k for k in given if k not in t.predict_inputs]
+    if wrong:
+        raise ConfigError(f"a {t.name} model predicts from {' and '.join(f'--{k}' for k in t.predict_inputs)} or "
+                          f"--data; --{wrong[0]} is for another task's models")
+    return t.predict_checkpoint(model, data, output_dir, overrides=overrides, progress=progress, n_best=n_best,
+                                **given)
 
 
 def score(data, predictions, na_probs=None, version: str = "auto", task: str = "qa", **options) -> dict:
@@ -108,16 +98,16 @@ def score(data, predictions, na_probs=None, version: str = "auto", task: str = "
     for path in (predictions, na_probs):
         if path is not None and not Path(path).is_file():
             raise DataError(path, None, f"cannot read file: {'not a file' if Path(path).exists() else 'no such file'}")
-    if task == "qa":
-        from .qa.metrics import score_files
+    from .tasks import get_task
 
-        return score_files(resolve_path(str(data)), predictions, na_probs, version=version)
-    from .tagging.metrics import score_files
+    if na_probs is not None:
+        options["na_probs"] = na_probs
+    if version != "auto":
+        options["version"] = version
+    return get_task(task, "task").score_files(resolve_path(str(data)), predictions, **options)
 
-    return score_files(resolve_path(str(data)), predictions, **options)
 
-
-def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool = True, task: str | None = None,
+def diagnose(model, data, output_dir, xs=None, overrides=None, progress: bool = True, task: str | None = None,
              bootstrap_samples: int = 2000, min_bucket: int = 30, quality_floor: float = 20.0, **options) -> dict:
     """Position analyses of a model, by its task; both open with the verdict (`posbias.analysis.verdict`):
     the signed front − rear effect along position with a `bootstrap_samples` bootstrap interval
@@ -125,7 +115,8 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
     model's overall score is under `quality_floor` points. The returned dict's `verdict_lines` are
     what `posbias diagnose` prints.
 
-    QA: answer-position quartiles and answer sentences, S_X segments (`xs`), position-update counts.
+    QA: answer-position quartiles and answer sentences, S_X segments (`xs`, default (100,)),
+    position-update counts.
     Tagging: the duplicated-test-set evaluation F1(α) / Prec(α) / Rec(α) with shift mode, per
     class, consistency and data statistics; options `k_max` (10), `quantiles` ((0.25, 0.75); None
     for every sentence), `modes` (("duplicate", "shift")), `max_len`, `batch_tokens`
@@ -138,15 +129,10 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
     if isinstance(quality_floor, bool) or not isinstance(quality_floor, (int, float)) or not 0 <= quality_floor <= 100:
         raise ConfigError(f"diagnose: quality_floor must be a number of points in 0..100, got {quality_floor!r}")
     common = {"bias_samples": bootstrap_samples, "min_bucket": min_bucket, "quality_floor": float(quality_floor)}
-    if _task_of(model, task) == "qa":
-        from .qa.diagnose import diagnose as _diagnose
-
-        if options:
-            raise ConfigError(f"diagnose qa takes no option {sorted(options)[0]!r}")
-        return _diagnose(model, data, output_dir, xs=xs, overrides=overrides, progress=progress, **common)
-    from .tagging.diagnose import diagnose as _diagnose
-
-    return _diagnose(model, data, output_dir, overrides=overrides, progress=progress, **common, **options)
+    if xs is not None:
+        options["xs"] = xs
+    return _task_of(model, task).diagnose(model, data, output_dir, overrides=overrides, progress=progress,
+                                          **common, **options)
 
 
 def explain_attention(model, question: str, context: str, output_dir, answer: str | None = None) -> dict:
@@ -176,10 +162,7 @@ def export(model, out_dir) -> Path:
         raise ConfigError(f"export: {out_dir} is a folder that is not empty; choose a new folder")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"export: {out_dir} already exists (a file); choose a new folder")
-    if _task_of(model, None) == "qa":
-        from .qa.model import export_hf
-    else:
-        from .tagging.model import export_hf
+    export_hf = _task_of(model, None).export_hf
     out.parent.mkdir(parents=True, exist_ok=True)
     with outputs.output_lock(out, "export --out"):  # a second export into `out` is refused, not mixed
         if out.is_dir() and any(out.iterdir()):  # written meanwhile

@@ -93,6 +93,23 @@ def _tasks(sub, name, help_text, tasks=("qa", "tagging")):
     return {t: sp.add_parser(t, help=f"{help_text} ({TASKS[t]})") for t in tasks}
 
 
+def _task_options(p, *names: str, none_means: tuple[str, ...] = ()) -> None:
+    """The arguments of a task's sub-parser that go to the API function as the task's own options
+    (`posbias.tasks.Task`): by their dest names; one left at None is not passed, unless it is in
+    `none_means` (None has a meaning there: `--all-sentences` is quantiles None)."""
+    p.set_defaults(task_options=names, none_means=none_means)
+
+
+def _options(args) -> dict:
+    """The task options of the parsed command (`_task_options`), lists as tuples."""
+    out = {}
+    for k in getattr(args, "task_options", ()):
+        v = getattr(args, k)
+        if v is not None or k in args.none_means:
+            out[k] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
 def _verdict_args(p, examples: str) -> None:
     """The options of the position-bias verdict that opens every diagnosis (`posbias.analysis.verdict`)."""
     p.add_argument("--bootstrap-samples", type=bootstrap_samples, default=2000,
@@ -168,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-best", type=positive_int, default=None, help="candidates to list (default decode.n_best)")
     p.add_argument("overrides", nargs="*")
     _device_arg(p)
+    _task_options(p, "question", "context", "n_best")
     p = ps["tagging"]
     _model_arg(p)
     p.add_argument("--text", help="raw text: split into words, tagged, entities with character offsets")
@@ -175,30 +193,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=None, help="write predictions.conll and predictions.jsonl here")
     p.add_argument("overrides", nargs="*")
     _device_arg(p)
+    _task_options(p, "text")
 
     ps = _tasks(sub, "diagnose", "position-bias analyses of a model")
     p = ps["qa"]
     _model_arg(p, "posbias checkpoint or Hugging Face *ForQuestionAnswering folder")
     p.add_argument("--data", required=True)
     p.add_argument("--output-dir", required=True)
-    p.add_argument("--x", type=positive_int, nargs="+", default=[100], help="X of the S_X(1)/S_X(2) split, in tokens")
+    p.add_argument("--x", dest="xs", type=positive_int, nargs="+", default=[100],
+                   help="X of the S_X(1)/S_X(2) split, in tokens")
     _verdict_args(p, "questions")
     p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=512")
     _device_arg(p)
+    _task_options(p, "xs")
     p = ps["tagging"]
     _model_arg(p, "posbias checkpoint or Hugging Face *ForTokenClassification folder")
     p.add_argument("--data", required=True, help="the test split (CoNLL / CoNLL-U) with gold tags")
     p.add_argument("--output-dir", required=True, help="diagnosis.md/.html/.json and plots go here")
     p.add_argument("--k-max", type=positive_int, default=10, help="duplicate each sentence k = 1..K times (default 10)")
-    p.add_argument("--quantiles", type=unit_float, nargs=2, action=_Ordered, default=[0.25, 0.75], metavar=("LOW", "HIGH"),
-                   help="D*: sentences whose length lies between these quantiles of the model's data.length_pool (default Q1 Q3)")
-    p.add_argument("--all-sentences", action="store_true", help="no length subset: evaluate every sentence that fits")
+    subset = p.add_mutually_exclusive_group()
+    subset.add_argument("--quantiles", type=unit_float, nargs=2, action=_Ordered, default=[0.25, 0.75],
+                        metavar=("LOW", "HIGH"), help="D*: sentences whose length lies between these quantiles of "
+                                                      "the model's data.length_pool (default Q1 Q3)")
+    subset.add_argument("--all-sentences", dest="quantiles", action="store_const", const=None,
+                        help="no length subset: evaluate every sentence that fits")
     p.add_argument("--modes", nargs="+", default=["duplicate", "shift"], choices=["duplicate", "shift"])
     p.add_argument("--max-len", type=positive_int, default=None, help="tokens per input (default: the model's position table)")
     p.add_argument("--batch-tokens", type=positive_int, default=16_384, help="padded tokens per forward batch")
     _verdict_args(p, "sentences")
     p.add_argument("overrides", nargs="*", help="data overrides, e.g. data.format=conll data.tag=xpos")
     _device_arg(p)
+    _task_options(p, "k_max", "quantiles", "modes", "max_len", "batch_tokens", none_means=("quantiles",))
 
     ps = _tasks(sub, "score", "score a predictions file without a model")
     p = ps["qa"]
@@ -206,11 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--predictions", required=True, help="JSON object: question id -> answer text")
     p.add_argument("--na-probs", default=None, help="SQuAD v2 no-answer probabilities (id -> float)")
     p.add_argument("--version", default="auto", choices=["auto", "1.1", "2.0"])
+    _task_options(p, "na_probs", "version")
     p = ps["tagging"]
     p.add_argument("--data", required=True, help="the gold CoNLL / CoNLL-U file")
     p.add_argument("--predictions", required=True,
                    help="CoNLL columns, one word per line: the word, then the predicted tag in the last column")
     _tagging_format_args(p)
+    _task_options(p, "format", "tag", "tag_column", "scheme")
 
     p = sub.add_parser("export", help="checkpoint -> Hugging Face AutoModelForQuestionAnswering / "
                                       "AutoModelForTokenClassification folder")
@@ -308,108 +335,128 @@ def _tagging_options(args) -> dict:
                               ("scheme", args.scheme)) if v is not None}
 
 
+# ---- the subcommands: one handler each, called with the parsed arguments and `posbias.api`.
+
+def _train(args, api) -> None:
+    _print(api.train(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite, task=args.task,
+                     progress=not args.quiet))
+
+
+def _evaluate(args, api) -> None:
+    _print(api.evaluate(args.model, args.data, args.output_dir, args.overrides, task=args.task,
+                        progress=not args.quiet))
+
+
+def _predict(args, api) -> None:
+    from .tasks import get_task
+
+    options = _options(args)
+    res = api.predict(args.model, data=args.data, output_dir=args.output_dir, overrides=args.overrides,
+                      task=args.task, **options)
+    shown = get_task(args.task).prediction_summary(res, n_best=options.get("n_best"), from_data=args.data is not None,
+                                                   output_dir=args.output_dir)
+    if isinstance(shown, str):
+        print(shown)
+    else:
+        _print(shown)
+
+
+def _diagnose(args, api) -> None:
+    res = api.diagnose(args.model, args.data, args.output_dir, overrides=args.overrides, task=args.task,
+                       progress=not args.quiet, bootstrap_samples=args.bootstrap_samples, min_bucket=args.min_bucket,
+                       quality_floor=args.quality_floor, **_options(args))
+    if args.verbose:  # the whole report, then the verdict again at the bottom, where the eye lands
+        print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"))
+    print("\n".join(res["verdict_lines"]))
+
+
+def _score(args, api) -> None:
+    _print(api.score(args.data, args.predictions, task=args.task, **_options(args)))
+
+
+def _export(args, api) -> None:
+    print(api.export(args.model, args.out))
+
+
+def _explain(args, api) -> None:
+    res = api.explain_attention(args.model, args.question, args.context, args.output_dir, answer=args.answer)
+    print(f"answer: {res['answer']!r}; wrote {res['plot']} and attention.json")
+
+
+def _experiment_run(args, api) -> None:
+    res = api.experiment_run(args.spec, args.output_dir, launcher=args.launcher,
+                             accelerate_args=args.accelerate_args, dry_run=args.dry_run, force=args.force,
+                             only=args.only, wait=args.wait, device=args.device, progress=not args.quiet)
+    if args.dry_run:
+        for r in res["runs"]:
+            print(f"{r['name']}\t{r['config_hash']}\t{r['command']}")
+        return
+    others = len(res["finished_by_others"])
+    print(f"experiment {res['experiment']}: ran {len(res['ran'])}, skipped {len(res['skipped_finished'])} "
+          f"finished{f', {others} finished by other processes' if others else ''}; "
+          f"results in {res['output_dir']}/experiment.sqlite")
+    if res["left_to_others"]:
+        print(f"left to other processes: {' '.join(res['left_to_others'])}")
+    print(f"next: posbias experiment report {res['output_dir']}")
+
+
+def _experiment_copy(args, api) -> None:
+    res = api.experiment_copy(args.src, args.dest, force=args.force)
+    print(f"copied {len(res['copied'])} finished run(s) from {res['source']} to {res['destination']}"
+          + (f" (replaced {len(res['replaced'])})" if res["replaced"] else "")
+          + ("; its experiment.yaml replaced the destination's" if res.get("spec") == "replaced" else "")
+          + ("; the destination's experiment.yaml kept (a grid is running there)" if res.get("spec") == "kept"
+             else ""))
+
+
+def _experiment_report(args, api) -> None:
+    _print(api.experiment_report(args.dir, bootstrap_samples=args.bootstrap_samples, only=args.only,
+                                 baseline=args.baseline, output_dir=args.output_dir))
+
+
+def _data_stats(args, api) -> None:
+    res = api.data_stats(args.data, args.output_dir, **_tagging_options(args))
+    print(res["markdown"], end="")
+
+
+def _data_build(args, api) -> None:
+    from .qa.truncate import build_dataset
+
+    stats = build_dataset(args.input, args.out, truncate=args.truncate,
+                          truncate_range=tuple(args.truncate_range) if args.truncate_range else None,
+                          split=args.split, by_article=args.by_article, seed=args.seed,
+                          keep_unanswerable=args.keep_unanswerable, exclude_ambiguous=args.exclude_ambiguous,
+                          name=args.name, sample=args.sample, answer_sentence=args.answer_sentence)
+    print((Path(args.out) / "stats.md").read_text(encoding="utf-8"), end="")
+    print(f"wrote {', '.join(f'{k}.json' for k in stats['splits'])} to {args.out}")
+
+
+def _demo(args, api) -> None:
+    summary = api.demo(args.output_dir, args.overrides, progress=not args.quiet)
+    ev = summary.get("eval", {})
+    print(f"\nposbias demo: MiniLM fine-tuned on {summary['steps']} steps in "
+          f"{summary['train_seconds']:.0f} s of training ({summary['wall_seconds']:.0f} s in all)")
+    print(f"dev EM {ev.get('exact_match', float('nan')):.2f}  F1 {ev.get('f1', float('nan')):.2f}"
+          f"  ({ev.get('total', 0)} questions)")
+    out = summary["output_dir"]
+    print(f"model:       {out}/best\npredictions: {out}/eval/predictions.json\n"
+          f"logs:        {out}/train_log.jsonl, {out}/run_info.json")
+
+
+# (command, action) -> handler; `action` None for commands without actions.
+HANDLERS = {
+    ("train", None): _train, ("evaluate", None): _evaluate, ("predict", None): _predict,
+    ("diagnose", None): _diagnose, ("score", None): _score, ("export", None): _export,
+    ("explain", "attention"): _explain, ("experiment", "run"): _experiment_run,
+    ("experiment", "copy"): _experiment_copy, ("experiment", "report"): _experiment_report,
+    ("data", "build"): _data_build, ("data", "stats"): _data_stats, ("demo", None): _demo,
+}
+
+
 def run(args) -> int:
     from . import api
 
-    if args.command == "train":
-        _print(api.train(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite, task=args.task,
-                         progress=not args.quiet))
-    elif args.command == "evaluate":
-        _print(api.evaluate(args.model, args.data, args.output_dir, args.overrides, task=args.task,
-                            progress=not args.quiet))
-    elif args.command == "predict" and args.task == "qa":
-        res = api.predict(args.model, args.question, args.context, args.data, args.output_dir,
-                          args.n_best, args.overrides, task="qa")
-        if args.data is None:
-            top = res["q0"]
-            _print({"answer": top["answer"], "probability": top["probability"],
-                    "start_char": top["start_char"],
-                    "nbest": [{"text": c["text"], "probability": c["probability"]}
-                              for c in top["nbest"][: args.n_best or 5]]})
-        else:
-            _print({k: v["answer"] for k, v in res.items()})
-    elif args.command == "predict":
-        if (args.text is None) == (args.data is None):
-            raise PosbiasError("predict tagging needs either --text or --data")
-        res = api.predict(args.model, data=args.data, text=args.text, output_dir=args.output_dir,
-                          overrides=args.overrides, task="tagging")
-        if args.data is None:
-            _print(res["text"])
-        else:
-            n = sum(len(v["words"]) for v in res.values())
-            print(f"tagged {len(res)} sentences ({n} words)" + (f"; wrote {args.output_dir}/predictions.conll"
-                                                                 if args.output_dir else ""))
-    elif args.command == "diagnose":
-        verdict = {"bootstrap_samples": args.bootstrap_samples, "min_bucket": args.min_bucket,
-                   "quality_floor": args.quality_floor}
-        if args.task == "qa":
-            res = api.diagnose(args.model, args.data, args.output_dir, xs=args.x, overrides=args.overrides, task="qa",
-                               progress=not args.quiet, **verdict)
-        else:
-            res = api.diagnose(args.model, args.data, args.output_dir, overrides=args.overrides, task="tagging",
-                               progress=not args.quiet, **verdict,
-                               k_max=args.k_max, quantiles=None if args.all_sentences else tuple(args.quantiles),
-                               modes=tuple(args.modes), max_len=args.max_len, batch_tokens=args.batch_tokens)
-        if args.verbose:  # the whole report, then the verdict again at the bottom, where the eye lands
-            print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"))
-        print("\n".join(res["verdict_lines"]))
-    elif args.command == "score" and args.task == "qa":
-        _print(api.score(args.data, args.predictions, args.na_probs, args.version))
-    elif args.command == "score":
-        _print(api.score(args.data, args.predictions, task="tagging", **_tagging_options(args)))
-    elif args.command == "export":
-        print(api.export(args.model, args.out))
-    elif args.command == "explain":
-        res = api.explain_attention(args.model, args.question, args.context, args.output_dir, answer=args.answer)
-        print(f"answer: {res['answer']!r}; wrote {res['plot']} and attention.json")
-    elif args.command == "experiment" and args.action == "run":
-        res = api.experiment_run(args.spec, args.output_dir, launcher=args.launcher,
-                                 accelerate_args=args.accelerate_args, dry_run=args.dry_run, force=args.force,
-                                 only=args.only, wait=args.wait, device=args.device, progress=not args.quiet)
-        if args.dry_run:
-            for r in res["runs"]:
-                print(f"{r['name']}\t{r['config_hash']}\t{r['command']}")
-        else:
-            others = len(res["finished_by_others"])
-            print(f"experiment {res['experiment']}: ran {len(res['ran'])}, skipped {len(res['skipped_finished'])} "
-                  f"finished{f', {others} finished by other processes' if others else ''}; "
-                  f"results in {res['output_dir']}/experiment.sqlite")
-            if res["left_to_others"]:
-                print(f"left to other processes: {' '.join(res['left_to_others'])}")
-            print(f"next: posbias experiment report {res['output_dir']}")
-    elif args.command == "experiment" and args.action == "copy":
-        res = api.experiment_copy(args.src, args.dest, force=args.force)
-        print(f"copied {len(res['copied'])} finished run(s) from {res['source']} to {res['destination']}"
-              + (f" (replaced {len(res['replaced'])})" if res["replaced"] else "")
-              + ("; its experiment.yaml replaced the destination's" if res.get("spec") == "replaced" else "")
-              + ("; the destination's experiment.yaml kept (a grid is running there)" if res.get("spec") == "kept"
-                 else ""))
-    elif args.command == "experiment" and args.action == "report":
-        _print(api.experiment_report(args.dir, bootstrap_samples=args.bootstrap_samples, only=args.only,
-                                     baseline=args.baseline, output_dir=args.output_dir))
-    elif args.command == "data" and args.action == "stats":
-        res = api.data_stats(args.data, args.output_dir, **_tagging_options(args))
-        print(res["markdown"], end="")
-    elif args.command == "data":
-        from .qa.truncate import build_dataset
-
-        stats = build_dataset(args.input, args.out, truncate=args.truncate,
-                              truncate_range=tuple(args.truncate_range) if args.truncate_range else None,
-                              split=args.split, by_article=args.by_article, seed=args.seed,
-                              keep_unanswerable=args.keep_unanswerable, exclude_ambiguous=args.exclude_ambiguous,
-                              name=args.name, sample=args.sample, answer_sentence=args.answer_sentence)
-        print((Path(args.out) / "stats.md").read_text(encoding="utf-8"), end="")
-        print(f"wrote {', '.join(f'{k}.json' for k in stats['splits'])} to {args.out}")
-    elif args.command == "demo":
-        summary = api.demo(args.output_dir, args.overrides, progress=not args.quiet)
-        ev = summary.get("eval", {})
-        print(f"\nposbias demo: MiniLM fine-tuned on {summary['steps']} steps in "
-              f"{summary['train_seconds']:.0f} s of training ({summary['wall_seconds']:.0f} s in all)")
-        print(f"dev EM {ev.get('exact_match', float('nan')):.2f}  F1 {ev.get('f1', float('nan')):.2f}"
-              f"  ({ev.get('total', 0)} questions)")
-        out = summary["output_dir"]
-        print(f"model:       {out}/best\npredictions: {out}/eval/predictions.json\n"
-              f"logs:        {out}/train_log.jsonl, {out}/run_info.json")
+    HANDLERS[args.command, getattr(args, "action", None)](args, api)
     return 0
 
 

@@ -48,6 +48,24 @@ def did_you_mean(name, known, *, prefix: str = "", quote: bool = False) -> str:
     return f"; did you mean {guess!r}?" if quote else f"; did you mean {guess}?"
 
 
+def keyword_names(fn) -> list[str]:
+    """The keyword arguments `fn` takes by name (its positional-or-keyword and keyword-only
+    parameters), for option checks."""
+    import inspect
+
+    params = inspect.signature(fn).parameters.values()
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def check_keywords(fn, options: dict, what: str) -> None:
+    """Refuse an option `fn` does not take, by name (`diagnose qa takes no option 'k_max'`), before
+    a TypeError from deep inside the call."""
+    known = keyword_names(fn)
+    unknown = sorted(k for k in options if k not in known)
+    if unknown:
+        raise ConfigError(f"{what} takes no option {unknown[0]!r}" + did_you_mean(unknown[0], known, quote=True))
+
+
 def _first_line(e: BaseException, limit: int = 300) -> str:
     text = " ".join(str(e).split())
     return text[:limit] + (" ..." if len(text) > limit else "")

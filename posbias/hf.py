@@ -14,6 +14,9 @@ Collators wrap the collator a script already has (`DataCollatorForTokenClassific
 - `ContextPerturbationCollator(collator, model, tokenizer)`: Context Perturbation (Ben Amor et
   al., §4.2) on a token-classification batch: rows re-packed into concatenations of sentences in
   distinct random orders, `labels` carried along (-100 on the joining separators).
+- `PerturbationCollator(collator, model, tokenizer, name, **options)`: any perturbation registered
+  in `posbias.registry.PERTURBATIONS` (the built-in ones above, or one of your own, `posbias.
+  factories`), by name and with its config options, run exactly as the posbias training loop runs it.
 
 The Trainer collates its evaluation batches with the same collator, so a collator cannot perturb
 on its own: it returns the clean batch with the perturbed one beside it under `posbias_view`, and a
@@ -42,6 +45,7 @@ import warnings
 import torch
 
 from .errors import ConfigError
+from .perturb import build_perturbation
 from .perturb.context_concat import concatenate_contexts
 from .perturb.position_shift import (sample_random_padding, sample_randomized_positions, sample_rpp, shift_effect,
                                      shift_position_ids)
@@ -294,6 +298,113 @@ class ContextPerturbationCollator:
             return packed
         pads = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE}
         return _stack_views(batch, packed, pads, self.padding_side)
+
+    def __call__(self, features) -> dict:
+        batch = dict(self.collator(features))
+        return {**batch, VIEW: self.view(batch)}
+
+
+class _BindTarget:
+    """What a posbias perturbation's `bind(model, tokenizer)` reads off a posbias model, for a Hugging
+    Face one: its encoder (`.config`), position numbering and no positions before the tokens."""
+
+    position_offset = 0
+
+    def __init__(self, model):
+        from .encoders import position_id_base
+
+        self.encoder = _base_model(model)
+        self.position_base, self.position_pad = position_id_base(self.encoder)
+
+
+class PerturbationCollator:
+    """Wraps a Hugging Face data collator; applies any registered perturbation by name
+    (`posbias.registry.PERTURBATIONS`), built from the same options as a config's `perturb` entry
+    and bound to the model as the posbias training loop binds it.
+
+    Args:
+        collator: the script's collator, `features -> batch` with input_ids and attention_mask (and
+            `labels` per token for perturbations that rebuild rows, Context Perturbation).
+        model: the model being trained: it gets the hook that uses the perturbed view in training
+            forwards only.
+        tokenizer: its tokenizer.
+        name: the perturbation's registered name (`rpp`, `random_padding`, `context_perturbation`,
+            ... or a plug-in's).
+        mode: "replace" or "augment" (clean + perturbed rows, module doc); default: the
+            perturbation's paper mode (`paper_mode`), else replace.
+        seed: seed of this collator's generator.
+        **options: the perturbation's options (`max_len`, `cap`, ...), checked by name and type.
+            Where its default is data.max_seq_len, the tokenizer's model_max_length stands in.
+    """
+
+    def __init__(self, collator, model, tokenizer, name: str, *, mode: str | None = None, seed: int = 0, **options):
+        tok_max = getattr(tokenizer, "model_max_length", None)
+        run = type("HFRun", (), {"task": None, "data": type("Data", (), {
+            "max_seq_len": tok_max if isinstance(tok_max, int) and tok_max < 1_000_000 else None})()})()
+        self.perturbation = build_perturbation(name, options, run, key=name)
+        self.name, self.collator, self.model = name, collator, model
+        self.mode = _check_mode(mode if mode is not None else getattr(self.perturbation, "paper_mode", "replace"))
+        self.sets_positions = bool(getattr(self.perturbation, "sets_positions", False))
+        if self.sets_positions:
+            self.base, self.pad_position, _ = position_numbering(model)  # refuses models shifts cannot reach
+        target = _BindTarget(model)
+        self.base, self.pad_position = target.position_base, target.position_pad
+        bind = getattr(self.perturbation, "bind", None)
+        if bind is not None:
+            bind(target, tokenizer)
+        _install_hook(model)
+        from .tagging.features import special_tokens
+
+        self.leading = _leading_special(tokenizer)
+        prefix, suffix = special_tokens(tokenizer)
+        self.n_prefix, self.n_suffix = len(prefix), len(suffix)
+        self.padding_side = getattr(tokenizer, "padding_side", "right")
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def _inner(self, batch: dict) -> dict:
+        """The batch in the fields posbias perturbations read: `cls_index` (the leading special's
+        index, -1 where none) and, for a token-classification batch, the word and padding fields
+        that Context Perturbation carries along."""
+        mask = batch["attention_mask"]
+        inner = dict(batch)
+        inner["cls_index"] = _cls_index(batch["input_ids"], mask, self.leading)
+        labels = batch.get("labels")
+        if labels is not None and labels.dim() == 2:  # as ContextPerturbationCollator.perturb
+            first = mask.long().argmax(-1)  # (b,) first real token
+            lens = mask.sum(-1)  # (b,)
+            slots = torch.arange(mask.shape[1])[None]  # (1, s)
+            # A row's body: its real tokens without the tokenizer's own prefix/suffix specials.
+            body = ((slots >= (first + self.n_prefix)[:, None])
+                    & (slots < (first + lens - self.n_suffix)[:, None]))
+            inner.update({"word_index": torch.where(body, 0, -1), "predict": labels != IGNORE, "pad_left": first,
+                          "window": torch.arange(mask.shape[0])})
+            if not self.n_prefix:
+                inner["cls_index"] = torch.full_like(first, -1)
+        return inner
+
+    def perturb(self, batch: dict) -> dict:
+        """The perturbed batch, in the batch's own fields (plus `position_ids` where it sets them)."""
+        out = self.perturbation(self._inner(batch), self.generator)
+        keep = set(batch) | ({"position_ids"} if "position_ids" in out else set())
+        lost = sorted(k for k in batch if k not in out)
+        if lost:
+            raise ConfigError(f"{self.name} cannot carry the batch field(s) {lost}")
+        return {k: out[k] for k in keep}
+
+    def view(self, batch: dict) -> dict:
+        """What a training forward takes: the perturbed batch, or with augment clean + perturbed rows."""
+        perturbed = self.perturb(batch)
+        if self.mode == "replace":
+            return perturbed
+        clean = dict(batch)
+        if "position_ids" in perturbed and "position_ids" not in clean:
+            from .encoders import position_ids
+
+            clean["position_ids"] = position_ids(batch["attention_mask"], self.base, self.pad_position)
+        pads = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE,
+                "position_ids": self.pad_position}
+        return _stack_views(clean, perturbed, pads, self.padding_side)
 
     def __call__(self, features) -> dict:
         batch = dict(self.collator(features))

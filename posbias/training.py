@@ -7,28 +7,7 @@ augment = extra summed passes, see `posbias.perturb`] -> model ->
 AdamW + linear warm-up/decay -> periodic evaluation (best checkpoint by the task's main metric) ->
 resumable checkpoints. The loop knows nothing about QA or tagging: it talks to a *task* (QA in
 `posbias.qa.task`, tagging in `posbias.tagging.task`, registered in `posbias.registry.TASKS`), any
-object with this protocol:
-
-    name: str, config_class: type, hf_suffix: str      # "qa", its RunConfig class, "ForQuestionAnswering"
-    load_tokenizer(cfg) -> tokenizer                     # a fast tokenizer, set up for the task
-    read(spec, cfg) -> dataset                           # .path, .examples (each with .id), .skipped
-    run_info(cfg, train_dataset) -> dict                 # task facts for run_info.json
-    train_features(examples, tokenizer, cfg, train_dataset) -> features
-                                                         # len(), .lengths (n,), .example_index (n,), .stats
-    build_model(cfg, tokenizer, train_dataset) -> model  # nn.Module: forward(batch, targets=None) -> dict
-                                                         # with "loss" given targets; .encoder, .position_base,
-                                                         # .position_pad, .position_ids(mask), .head_name, .meta()
-    collate(features, idx, tokenizer, with_labels) -> batch   # tensors: input_ids, attention_mask,
-                                                         # cls_index, ... (+ labels)
-    targets(batch) -> dict                               # the label tensors `model(batch, targets)` takes
-    evaluate(model, tokenizer, cfg, dataset, out_dir, accelerator, progress) -> metrics dict
-    main_metric(metrics) -> (name, value)                # what best-checkpoint selection maximises
-    load_model(path, cfg, meta) -> (model, tokenizer)    # a posbias checkpoint's skeleton
-    load_hf(path, config) -> (model, tokenizer, cfg)     # a Hugging Face *{hf_suffix} folder
-and, for experiments (`posbias.experiment`):
-    evaluate_checkpoint(model_dir, data, out_dir, overrides, progress) -> metrics dict
-    example_scores(dataset, eval_dir, run_info) -> {example id: (a, b)}   # what the paired bootstrap resamples
-    improvement_rows(results) -> list[dict]              # optional: task-specific report analyses
+object with the `posbias.tasks.Task` protocol.
 
 Output folder layout:
     config.yaml          the resolved config
@@ -286,7 +265,7 @@ def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
 
     # ---- model, optimizer, schedule
     set_seed(t.seed)  # head initialisation independent of how much data was read
-    model = task.build_model(cfg, tokenizer, train_ds)
+    model = task.build_model(cfg, tokenizer, train_ds, feats)
     check_max_seq_len(model, cfg)  # the same rule evaluation, prediction and diagnosis apply
     replace, augment = perturbations_by_mode(cfg.perturb, cfg)  # see posbias.perturb for the modes
     for p in replace + augment:
@@ -311,7 +290,7 @@ def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
 
     run_info = {
         "status": "running", "started": now_iso(), "seed": t.seed, "versions": versions(),
-        "task": cfg.task, "world_size": acc.num_processes, "config_hash": cfg.hash(), **task.run_info(cfg, train_ds),
+        "task": cfg.task, "world_size": acc.num_processes, "config_hash": cfg.hash(), **task.run_info(cfg, train_ds, feats),
         "train_file": train_ds.path, "train_skipped_records": len(train_ds.skipped),
         "train_skipped": train_ds.skipped[:100], "train_features": feats.stats,
         "eval_file": eval_ds.path if eval_ds else None,

@@ -27,10 +27,10 @@ DEMO_TRAIN = str(RESOURCES / "squad_demo" / "train.json.gz")
 BIN = Path(sys.executable).parent  # the venv's console scripts (posbias, torchrun)
 
 
-def run_cli(*args, gpu: bool = False, **kw) -> subprocess.CompletedProcess:
+def run_cli(*args, gpu: bool = False, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     """`posbias ARGS` in a subprocess: one thread, offline, output captured; the GPUs hidden from it
-    unless `gpu` (devices_under_test)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **({} if gpu else CPU_ONLY_ENV)}
+    unless `gpu` (devices_under_test); `env`: more environment variables."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **({} if gpu else CPU_ONLY_ENV), **(env or {})}
     return subprocess.run([str(BIN / "posbias"), *args], capture_output=True, text=True, env=env, timeout=300, **kw)
 
 
@@ -157,7 +157,7 @@ def assert_close_to_scale(actual, expected, rel: float, msg: str = "") -> None:
 INTERRUPT = {"at": None, "calls": 0}
 
 
-def _interrupt(options, cfg, key=None):
+def _interrupt():
     def apply(batch, gen):
         INTERRUPT["calls"] += 1
         if INTERRUPT["at"] is not None and INTERRUPT["calls"] == INTERRUPT["at"]:

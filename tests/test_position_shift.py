@@ -515,7 +515,7 @@ def test_rpp_trains_in_replace_and_augment_mode(tmp_path):
     ds = task.read(cfg.data.train_file, cfg)
     feats = task.train_features(ds.examples, tok, cfg, ds)
     set_seed(t.seed)  # as the loop does right before building the model
-    model = task.build_model(cfg, tok, ds)
+    model = task.build_model(cfg, tok, ds, feats)
     p = build_perturbations(cfg.perturb, cfg)[0]
     p.bind(model, tok)
     first = batch_order(feats.lengths, t.batch_size, t.seed, 0, length_grouping=t.length_grouping,

@@ -5,8 +5,9 @@ Protocol. A perturbation is any callable `(batch, generator) -> batch` that retu
 Perturbation, Randomized Positions in `position_shift.py`) or concatenating rows (Context
 Perturbation in `context_concat.py`). Randomness comes only from the `torch.Generator` passed in, so a run is
 reproducible. They run on training batches only; evaluation and prediction never see them. Each is
-built from its config entry `{name: ..., mode: ..., **options}` by its registered factory
-`(options, cfg, key) -> callable` (`key` is the dotted config key for error messages). A
+built from its config entry `{name: ..., mode: ..., **options}` by its registered factory, which
+takes the options as typed keywords (`posbias.factories`; posbias fills in `max_seq_len`, `task`
+and `key`, the dotted config key for error messages, where the factory names them). A
 perturbation may also have `bind(model, tokenizer)`, called once the model exists (to learn its
 position numbering and the tokenizer's special tokens, and to refuse impossible settings).
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import factories
 from ..errors import ConfigError
 from ..registry import PERTURBATIONS
 
@@ -79,6 +81,16 @@ def _split(spec, i: int) -> tuple[str, dict, str | None]:
     return spec["name"], options, mode
 
 
+def build_perturbation(name: str, options: dict, cfg=None, *, key: str = "perturb[0]"):
+    """One perturbation from its registered factory (`posbias.factories.build`: options checked by
+    name and type), posbias filling in `max_seq_len` (data.max_seq_len), `task` and `key` for a
+    factory that takes them. `cfg`: the run config (None outside a run: a Hugging Face collator)."""
+    data = getattr(cfg, "data", None)
+    filled = {"max_seq_len": getattr(data, "max_seq_len", None), "task": getattr(cfg, "task", None), "key": key}
+    return factories.build(PERTURBATIONS.get(name, f"{key}.name"), options, key=key, what=name, filled=filled,
+                           also=("mode",))
+
+
 def check_combination(built: list[tuple[object, str]], names: list[str]) -> None:
     """Refuse a replace perturbation that rebuilds rows after a replace one that set position ids:
     the rebuilt rows are numbered afresh, so the shift would silently never be trained (the
@@ -109,7 +121,7 @@ def build_perturbations(specs: list[dict], cfg, *, with_modes: bool = False) -> 
     built, names = [], []
     for i, spec in enumerate(specs):
         name, options, mode = _split(spec, i)
-        p = PERTURBATIONS.get(name, f"perturb[{i}].name")(options, cfg, key=f"perturb[{i}]")
+        p = build_perturbation(name, options, cfg, key=f"perturb[{i}]")
         built.append((p, mode or default_mode(p, cfg)))
         names.append(name)
     check_combination(built, names)

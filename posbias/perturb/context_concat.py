@@ -22,10 +22,13 @@ largest group of the batch.
 """
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 
-from ..errors import ConfigError, did_you_mean
+from ..errors import ConfigError
 from ..registry import PERTURBATIONS
+from ..typed import Bound
 from ..tagging.features import IGNORE, separator_id, special_tokens
 
 # Batch fields this perturbation rebuilds; anything else would be left describing the old rows.
@@ -179,19 +182,15 @@ class ContextPerturbation:
 
 
 @PERTURBATIONS.register("context_perturbation")
-def context_perturbation(options: dict, cfg, key: str = "perturb[0]") -> ContextPerturbation:
+def context_perturbation(*, max_len: Annotated[int, Bound(1, what="a positive integer")] | None = None,
+                         max_seq_len: int | None = None, task: str | None = None,
+                         key: str = "perturb[0]") -> ContextPerturbation:
     """Options: `max_len` M (default data.max_seq_len; the paper uses the whole table, 512)."""
-    unknown = set(options) - {"max_len"}  # `mode` is taken off by posbias.perturb.build_perturbations
-    if unknown:
-        bad = sorted(unknown)[0]
-        raise ConfigError(f"{key}: unknown option {bad!r} for context_perturbation"
-                          + (did_you_mean(bad, ["max_len", "mode"], prefix=f"{key}.") or " (max_len; and mode)"))
-    if getattr(cfg, "task", "tagging") != "tagging":
-        raise ConfigError(f"{key}: context_perturbation concatenates tagging sentences; task {cfg.task!r} "
+    if task not in (None, "tagging"):
+        raise ConfigError(f"{key}: context_perturbation concatenates tagging sentences; task {task!r} "
                           "has no word labels to carry along")
-    max_len = options.get("max_len")
     if max_len is None:
-        max_len = cfg.data.max_seq_len
+        max_len = max_seq_len
     if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1:
         raise ConfigError(f"{key}.max_len must be a positive integer, got {max_len!r}")
     return ContextPerturbation(max_len, key)

@@ -50,11 +50,14 @@ from __future__ import annotations
 
 import warnings
 
+from typing import Annotated
+
 import torch
 
 from ..position_kind import position_kind
-from ..errors import ConfigError, did_you_mean
+from ..errors import ConfigError
 from ..registry import PERTURBATIONS
+from ..typed import Bound
 
 
 def shift_effect(config, takes_position_ids: bool = True) -> tuple[bool, str | None]:
@@ -244,54 +247,46 @@ class PositionShift:
         return out
 
 
-def _check_options(options: dict, allowed: set, name: str, key: str) -> None:
-    # `mode` (replace/augment) is taken off the entry by posbias.perturb.build_perturbations.
-    unknown = set(options) - allowed
-    if unknown:
-        bad = sorted(unknown)[0]
-        raise ConfigError(f"{key}: unknown option {bad!r} for {name}"
-                          + (did_you_mean(bad, [*allowed, "mode"], prefix=f"{key}.")
-                             or f" ({', '.join(sorted(allowed))}; and mode)"))
-    for opt in allowed:
-        v = options.get(opt)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise ConfigError(f"{key}.{opt} must be a non-negative integer, got {v!r}")
+# Option types (`posbias.factories`): shifts and lengths are whole numbers of positions.
+NonNegativeInt = Annotated[int, Bound(0, what="a non-negative integer")]
+
+
+def _positive_len(max_len, key: str, hint: str = "") -> None:
+    # 0 is not a silent stand-in for the default: null (or leaving it out) is the way to say that.
+    if max_len == 0:
+        raise ConfigError(f"{key}.max_len must be a positive integer{hint}, got 0"
+                          + ("; leave it out or set null for data.max_seq_len" if hint else ""))
 
 
 @PERTURBATIONS.register("random_padding")
-def random_padding(options: dict, cfg, key: str = "perturb[0]") -> PositionShift:
+def random_padding(*, max_len: NonNegativeInt | None = None, cap: NonNegativeInt | None = None,
+                   max_seq_len: int | None = None, key: str = "perturb[0]") -> PositionShift:
     """Options: `max_len` n (default, or null: data.max_seq_len), `cap` K (App. D; default none).
     Trains on the re-padded batch only (`paper_mode` replace), as Tao et al. do."""
-    _check_options(options, {"max_len", "cap"}, "random_padding", key)
-    max_len = options.get("max_len")
-    if max_len == 0:  # not a silent stand-in for the default: null is the way to say data.max_seq_len
-        raise ConfigError(f"{key}.max_len must be a positive integer (n, the padded window length), got 0; "
-                          "leave it out or set null for data.max_seq_len")
+    _positive_len(max_len, key, " (n, the padded window length)")
     if max_len is None:
-        max_len = cfg.data.max_seq_len
-    cap = options.get("cap")
+        max_len = max_seq_len
     return PositionShift(lambda lengths, has_cls, n, gen: sample_random_padding(lengths, n, cap, gen), max_len, key,
                          paper_mode="replace")
 
 
 @PERTURBATIONS.register("rpp")
 @PERTURBATIONS.register("random_position_perturbation")
-def random_position_perturbation(options: dict, cfg, key: str = "perturb[0]") -> PositionShift:
+def random_position_perturbation(*, max_len: NonNegativeInt | None = None, max_seq_len: int | None = None,
+                                 key: str = "perturb[0]") -> PositionShift:
     """Options: `max_len` M (default: the encoder's usable position table, max_position_embeddings
     minus the first position id; data.max_seq_len for encoders without a table).
 
     `paper_mode` augment: the authors' training step adds the perturbed batch to the clean one
     (experiments/bert_position_bias.py); the paper is silent. In replace mode alone the positions a
     row of l tokens is tested at, 1 .. l - 1, are never trained (p_r >= l)."""
-    _check_options(options, {"max_len"}, "random_position_perturbation", key)
-    if options.get("max_len") == 0:
-        raise ConfigError(f"{key}.max_len must be a positive integer, got 0")
-    return PositionShift(sample_rpp, options.get("max_len"), key, fallback_len=cfg.data.max_seq_len,
-                         paper_mode="augment")
+    _positive_len(max_len, key)
+    return PositionShift(sample_rpp, max_len, key, fallback_len=max_seq_len, paper_mode="augment")
 
 
 @PERTURBATIONS.register("randomized_positions")
-def randomized_positions(options: dict, cfg, key: str = "perturb[0]") -> PositionShift:
+def randomized_positions(*, max_len: NonNegativeInt | None = None, max_seq_len: int | None = None,
+                         key: str = "perturb[0]") -> PositionShift:
     """Randomized Positional Encodings (Ruoss et al., ACL 2023, §3): each training row's ids are a
     sorted uniform random subset of the position range, [CLS] kept at its base (module doc).
 
@@ -304,11 +299,8 @@ def randomized_positions(options: dict, cfg, key: str = "perturb[0]") -> Positio
     `paper_mode` replace: the paper trains with randomized positions only. With l much smaller than
     M the ordinary positions 1 .. l - 1, where evaluation puts a row, are each drawn with probability
     (l - 1) / (M - 1) per row: `mode: augment` adds the clean pass."""
-    _check_options(options, {"max_len"}, "randomized_positions", key)
-    max_len = options.get("max_len")
-    if max_len == 0:
-        raise ConfigError(f"{key}.max_len must be a positive integer, got 0")
-    n = cfg.data.max_seq_len
+    _positive_len(max_len, key)
+    n = max_seq_len
     if max_len is not None and n is not None and max_len < n:
         raise ConfigError(f"{key}.max_len ({max_len}) must be >= data.max_seq_len ({n}): a window of n tokens "
                           "needs n distinct position ids")

@@ -76,6 +76,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import ConfigError, TrainingError
+from ..registry import HEADS as REGISTERED_HEADS
 from .heads.pointer import upcast
 from .heads.span_scores import softmax_mask
 
@@ -83,10 +84,11 @@ METHODS = ("bias_product", "learned_mixin", "learned_mixin_h", "entropy")
 MIXIN = ("learned_mixin", "learned_mixin_h")
 GATES = ("cls", "max")
 ENTROPY_WEIGHT = 8.0  # λ of the authors' `cos_entropy_loss` (param=8)
-# Heads whose loss is CE(start) + CE(end) over one candidate mask, with those logits as their scores.
-# MaP (`matrix`) is not among them: its end distribution is one per start row (Eq. 7), trained on the
-# gold row over sampled columns, so there is no end distribution for a position prior to multiply.
-HEADS = ("independent", "dynamic_query", "conditional_pointer")
+# A head registered with `debias=True` (`posbias.registry.HEADS`) has a loss CE(start) + CE(end)
+# over one candidate mask, with those logits as its scores: independent, dynamic_query,
+# conditional_pointer. MaP (`matrix`) is not among them: its end distribution is one per start row
+# (Eq. 7), trained on the gold row over sampled columns, so there is no end distribution for a
+# position prior to multiply.
 
 PRIOR_METHODS = ("bias_product", *MIXIN)  # the methods whose bias model is the answer prior
 PRIORS = ("token", "sentence")  # train.debias.prior
@@ -106,9 +108,9 @@ def check_config(debias, head: str) -> None:
     `DebiasConfig`'s fields."""
     if debias.method not in METHODS:
         raise ConfigError(f"train.debias.method must be one of {list(METHODS)}, got {debias.method!r}")
-    if head not in HEADS:
+    if not REGISTERED_HEADS.traits(head, "model.head").get("debias"):
         raise ConfigError(f"train.debias: head {head!r} cannot take de-biasing (it needs start and end "
-                          f"distributions over positions); use one of {list(HEADS)}")
+                          f"distributions over positions); use one of {REGISTERED_HEADS.with_trait('debias')}")
     w = debias.entropy_weight
     if debias.method == "entropy":
         debias.entropy_weight = ENTROPY_WEIGHT if w is None else w

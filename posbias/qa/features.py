@@ -37,6 +37,9 @@ class QAFeatures:
             BERT's pre-processing train at all). False when every window holds its answer, so such
             data trains exactly as under `drop` (Eq. 1-2's context-only softmax). Evaluation windows
             never set it: a v1 answer is a context span.
+        answer_prior: `train.debias`'s answer prior of these training windows (`posbias.qa.debias.
+            AnswerPrior`), set by `QATask.train_features` and read when the model is built; None
+            otherwise.
     """
 
     input_ids: list[np.ndarray]
@@ -50,6 +53,7 @@ class QAFeatures:
     stats: dict = field(default_factory=dict)
     question_mask: list[np.ndarray] | None = None
     null_candidate: bool = False
+    answer_prior: object | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)

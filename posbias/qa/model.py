@@ -11,10 +11,18 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import factories
 from ..config import ModelConfig
-from ..encoders import (EncoderInputs, check_vocab_fits, encoder_from_config, from_pretrained_quietly,
-                        hf_prediction_head, load_encoder, open_tokenizer)
-from ..errors import ConfigError, did_you_mean
+from ..encoders import (
+    EncoderInputs,
+    check_vocab_fits,
+    encoder_from_config,
+    from_pretrained_quietly,
+    hf_prediction_head,
+    load_encoder,
+    open_tokenizer,
+)
+from ..errors import ConfigError
 from ..parity import check_forwards, check_parity
 from ..precision import full_precision, to_float
 from ..registry import HEADS
@@ -140,58 +148,36 @@ def head_for(encoder, name: str, null_answer: bool, mcfg: ModelConfig):
                      softmax_over_default=getattr(mcfg, "softmax_over_default", None))
 
 
-# Keyword arguments posbias fills in itself; they are never head options.
-_FILLED = ("embedding_size",)
-
-
 def make_head(name: str, hidden_size: int, null_answer: bool, options: dict, *,
               embedding_size: int | None = None, softmax_over_default: str | None = None):
-    """A head from its registered factory. A factory that takes `embedding_size` gets the width of
-    the encoder's input embeddings (DyReF's queries enter there; ALBERT and ELECTRA-small embed
-    narrower than their hidden size); one that takes `softmax_over` and is not given it gets
-    `softmax_over_default` (`model.softmax_over_default`) when that is set."""
+    """A head from its registered factory (`posbias.factories.build`: options checked by name and
+    type). posbias fills in `hidden_size`, `null_answer` and, for a factory that takes it,
+    `embedding_size`, the width of the encoder's input embeddings (DyReF's queries enter there;
+    ALBERT and ELECTRA-small embed narrower than their hidden size); one that takes `softmax_over`
+    and is not given it gets `softmax_over_default` (`model.softmax_over_default`) when that is set."""
     factory = HEADS.get(name, "model.head")
-    params = inspect.signature(factory).parameters
-    for key in _FILLED:
-        if key in options:
-            raise ConfigError(f"model.head_options.{key} is not an option: posbias reads it off the encoder")
     options = dict(options)
-    if "softmax_over" in params and softmax_over_default is not None:
+    if "softmax_over" in factories.parameters(factory) and softmax_over_default is not None:
         options.setdefault("softmax_over", softmax_over_default)
-    filled = {"embedding_size": embedding_size} if "embedding_size" in params and embedding_size else {}
-    known = head_option_names(factory)
-    unknown = sorted(k for k in options if k not in known)
-    if unknown:
-        raise ConfigError(f"model.head_options: unknown option {unknown[0]!r} for head {name!r}"
-                          + (did_you_mean(unknown[0], known, prefix="model.head_options.")
-                             or f" (it takes {', '.join(known) or 'none'})"))
-    try:
-        return factory(hidden_size, null_answer=null_answer, **options, **filled)
-    except TypeError as e:  # an option the head does not take
-        raise ConfigError(f"model.head_options for head {name!r}: {e}") from None
+    filled = {"hidden_size": hidden_size, "null_answer": null_answer, "embedding_size": embedding_size}
+    return factories.build(factory, options, key="model.head_options", what=f"head {name!r}", filled=filled)
 
 
 def head_option_names(factory) -> list[str]:
-    """The options a head factory takes: its keyword parameters, or for a factory that forwards
-    `**options` to the head class it returns (`matrix`), that class's."""
-    params = inspect.signature(factory).parameters
-    names = [p for p, v in params.items() if v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)]
-    if any(v.kind == v.VAR_KEYWORD for v in params.values()):
-        from typing import get_type_hints
+    """The options a head factory takes (`posbias.factories.option_names`)."""
+    return factories.option_names(factory, HEAD_FILLED)
 
-        returned = get_type_hints(factory).get("return")
-        if isinstance(returned, type):
-            init = inspect.signature(returned.__init__).parameters
-            names += [p for p, v in init.items() if v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)]
-    return sorted(set(names) - {"self", "hidden_size", "null_answer", *_FILLED})
+
+# Keyword arguments posbias fills in itself; they are never head options.
+HEAD_FILLED = ("hidden_size", "null_answer", "embedding_size")
 
 
 def head_softmax_default(name: str | None) -> str | None:
     """The `softmax_over` a head uses when no config sets it, its factory's default (`dynamic_query`:
     `all`, DyReF Eq. 1; `independent`: `context`, Random Padding Eq. 1-2); None for heads without
     the option (VCP and MaP normalise over the context)."""
-    param = inspect.signature(HEADS.get(name or "independent", "model.head")).parameters.get("softmax_over")
-    return None if param is None or param.default is inspect.Parameter.empty else param.default
+    default = factories.option_default(HEADS.get(name or "independent", "model.head"), "softmax_over")
+    return None if default is inspect.Parameter.empty else default
 
 
 def model_from_checkpoint(path: str, cfg, meta: dict):

@@ -1,10 +1,7 @@
-"""The QA task: how the shared training loop, checkpoints and experiments talk to extractive QA.
-
-See the task protocol in `posbias.training`.
+"""The QA task: how the shared training loop, checkpoints, experiments and the fronts talk to
+extractive QA (the `posbias.tasks.Task` protocol).
 """
 from __future__ import annotations
-
-import weakref
 
 from ..errors import TrainingError
 from ..registry import LABEL_POLICIES
@@ -16,11 +13,11 @@ class QATask:
     config_class = QAConfig
     hf_suffix = "ForQuestionAnswering"
     unit = "question"
-
-    def __init__(self):
-        # `train.debias`: (the training data set, the answer prior of its features), from
-        # train_features to build_model and run_info, which the loop calls with the same data set.
-        self._prior: tuple[weakref.ref, object] | None = None
+    predict_inputs = ("question", "context")
+    # Optional capabilities (`posbias.tasks.Task`) QA does not have.
+    position_eval_checkpoint = None
+    position_metrics = None
+    report_figures = None
 
     def load_tokenizer(self, cfg):
         from ..encoders import load_tokenizer
@@ -32,14 +29,14 @@ class QATask:
 
         return read_dataset(spec, cfg.data.on_bad_record)
 
-    def run_info(self, cfg, train_ds) -> dict:
+    def run_info(self, cfg, train_ds, features) -> dict:
         # `null_answers`, not `has_impossible`: a v1 file whose truncation left questions without an
         # answer (`data build --keep-unanswerable`) trains and evaluates as v1.
         info = {"data_version": data_version(cfg, train_ds.null_answers)}
         debias = cfg.train.debias
         if debias is not None:
             # The full prior is in each checkpoint's posbias_model.json.
-            prior = self._answer_prior(train_ds, debias)
+            prior = self._answer_prior(features, debias)
             info["debias"] = {"method": debias.method, "prior": prior.summary() if prior is not None else None}
             if prior is not None:  # what the prior enters the loss as: log b (Clark et al.) or b (Ko et al.'s code)
                 info["debias"]["bias_term"] = debias.bias_term
@@ -64,26 +61,28 @@ class QATask:
             if debias.method in PRIOR_METHODS:
                 prior = (sentence_prior(feats, examples, debias.smoothing) if debias.prior == "sentence"
                          else answer_prior(feats, d.max_seq_len, debias.smoothing))
-                self._prior = (weakref.ref(train_ds), prior)
+                feats.answer_prior = prior  # travels to build_model and run_info with the features
         return feats
 
-    def _answer_prior(self, train_ds, debias):
-        """The answer prior `train_features` computed for `train_ds` (None for a method without one)."""
+    @staticmethod
+    def _answer_prior(features, debias):
+        """The answer prior `train_features` put on `features` (None for a method without one)."""
         from .debias import PRIOR_METHODS
 
         if debias.method not in PRIOR_METHODS:
             return None
-        if self._prior is None or self._prior[0]() is not train_ds:
+        prior = getattr(features, "answer_prior", None)
+        if prior is None:
             raise TrainingError("train.debias: the answer prior comes from the training features; build them "
-                                "with train_features(..., train_ds) before build_model(cfg, tokenizer, train_ds)")
-        return self._prior[1]
+                                "with train_features(examples, tokenizer, cfg, train_ds) under this config")
+        return prior
 
-    def build_model(self, cfg, tokenizer, train_ds):
+    def build_model(self, cfg, tokenizer, train_ds, features):
         from .model import build_model
 
         debias = cfg.train.debias
         return build_model(cfg.model, tokenizer, null_answer=data_version(cfg, train_ds.null_answers) == 2,
-                           debias=debias, prior=self._answer_prior(train_ds, debias) if debias is not None else None)
+                           debias=debias, prior=self._answer_prior(features, debias) if debias is not None else None)
 
     def collate(self, features, idx, tokenizer, *, with_labels: bool = False) -> dict:
         from .collate import collate
@@ -118,6 +117,43 @@ class QATask:
         from .evaluate import evaluate_checkpoint
 
         return evaluate_checkpoint(model, data, output_dir, overrides=overrides, progress=progress)
+
+    def predict_checkpoint(self, model, data=None, output_dir=None, *, overrides=None, progress=False,
+                           n_best=None, question=None, context=None) -> dict:
+        from .evaluate import predict_checkpoint
+
+        return predict_checkpoint(model, question, context, data, output_dir, n_best, overrides, progress)
+
+    def prediction_summary(self, result: dict, *, n_best: int | None = None, from_data: bool = False,
+                           output_dir=None) -> dict:
+        """One question: its answer, probability and n-best texts; a file: question id -> answer."""
+        if from_data:
+            return {k: v["answer"] for k, v in result.items()}
+        top = result["q0"]
+        return {"answer": top["answer"], "probability": top["probability"], "start_char": top["start_char"],
+                "nbest": [{"text": c["text"], "probability": c["probability"]} for c in top["nbest"][: n_best or 5]]}
+
+    def score_files(self, data, predictions, *, na_probs=None, **options) -> dict:
+        """Like the official SQuAD script; options: version, na_prob_thresh (`posbias.qa.metrics`)."""
+        from ..errors import check_keywords
+        from .metrics import score_files
+
+        check_keywords(score_files, options, "score qa")
+        return score_files(data, predictions, na_probs, **options)
+
+    def diagnose(self, model, data, output_dir, *, overrides=None, progress=True, **options) -> dict:
+        """Answer-position quartiles and answer sentences, S_X segments (`xs`), position-update counts
+        (`posbias.qa.diagnose.diagnose`)."""
+        from ..errors import check_keywords
+        from .diagnose import diagnose
+
+        check_keywords(diagnose, options, "diagnose qa")
+        return diagnose(model, data, output_dir, overrides=overrides, progress=progress, **options)
+
+    def export_hf(self, model, out_dir):
+        from .model import export_hf
+
+        return export_hf(model, out_dir)
 
     def example_scores(self, dataset, eval_dir, run_info: dict) -> dict:
         """Question id -> (EM, F1) of the predictions in `eval_dir` (they already apply the v2 null

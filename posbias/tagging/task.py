@@ -1,7 +1,6 @@
-"""The tagging task: how the shared training loop, checkpoints and experiments talk to token
-classification (NER with entity tags, POS with per-word labels).
-
-See the task protocol in `posbias.training`.
+"""The tagging task: how the shared training loop, checkpoints, experiments and the fronts talk to
+token classification (NER with entity tags, POS with per-word labels); the `posbias.tasks.Task`
+protocol.
 """
 from __future__ import annotations
 
@@ -15,6 +14,8 @@ class TaggingTask:
     config_class = TaggingConfig
     hf_suffix = "ForTokenClassification"
     unit = "sentence"
+    predict_inputs = ("text",)
+    improvement_rows = None  # an optional capability (`posbias.tasks.Task`) tagging does not have
 
     def load_tokenizer(self, cfg):
         from ..encoders import local_dir
@@ -30,7 +31,7 @@ class TaggingTask:
     def read(self, spec, cfg):
         return read_for(spec, cfg)
 
-    def run_info(self, cfg, train_ds) -> dict:
+    def run_info(self, cfg, train_ds, features) -> dict:
         return {"labels": label_list(train_ds), "scheme": train_ds.scheme, "source_scheme": train_ds.source_scheme,
                 "train_length_subset": train_ds.length_subset}
 
@@ -42,7 +43,7 @@ class TaggingTask:
                                       max_seq_len=d.max_seq_len, stride=d.stride,
                                       label_subtokens=d.label_subtokens, source=train_ds.path)
 
-    def build_model(self, cfg, tokenizer, train_ds):
+    def build_model(self, cfg, tokenizer, train_ds, features):
         from .model import build_model
 
         return build_model(cfg.model, tokenizer, label_list(train_ds), train_ds.scheme)
@@ -80,6 +81,49 @@ class TaggingTask:
         from .evaluate import evaluate_checkpoint
 
         return evaluate_checkpoint(model, data, output_dir, overrides=overrides, progress=progress)
+
+    def predict_checkpoint(self, model, data=None, output_dir=None, *, overrides=None, progress=False,
+                           n_best=None, text=None) -> dict:
+        from ..errors import ConfigError
+        from .evaluate import predict_checkpoint
+
+        if n_best is not None:
+            raise ConfigError("n_best is for QA models; a tagging model predicts one tag per word")
+        if (text is None) == (data is None):
+            raise ConfigError("predict tagging needs either --text or --data")
+        return predict_checkpoint(model, text=text, data=data, output_dir=output_dir, overrides=overrides,
+                                  progress=progress)
+
+    def prediction_summary(self, result: dict, *, n_best: int | None = None, from_data: bool = False,
+                           output_dir=None):
+        """Raw text: its words, tags and entities; a file: a line counting what was tagged."""
+        if not from_data:
+            return result["text"]
+        n = sum(len(v["words"]) for v in result.values())
+        return f"tagged {len(result)} sentences ({n} words)" + (
+            f"; wrote {output_dir}/predictions.conll" if output_dir else "")
+
+    def score_files(self, data, predictions, **options) -> dict:
+        """Options: format, tag, tag_column, scheme (`posbias.tagging.metrics.score_files`)."""
+        from ..errors import check_keywords
+        from .metrics import score_files
+
+        check_keywords(score_files, options, "score tagging")
+        return score_files(data, predictions, **options)
+
+    def diagnose(self, model, data, output_dir, *, overrides=None, progress=True, **options) -> dict:
+        """The duplicated-test-set evaluation F1(α) / Prec(α) / Rec(α) with shift mode, per class,
+        consistency and data statistics (`posbias.tagging.diagnose.diagnose`)."""
+        from ..errors import check_keywords
+        from .diagnose import diagnose
+
+        check_keywords(diagnose, options, "diagnose tagging")
+        return diagnose(model, data, output_dir, overrides=overrides, progress=progress, **options)
+
+    def export_hf(self, model, out_dir):
+        from .model import export_hf
+
+        return export_hf(model, out_dir)
 
     def position_eval_checkpoint(self, model, data, out_dir, options: dict, overrides=None) -> dict:
         """The duplicated-test-set evaluation F1(α) of a checkpoint (`posbias diagnose tagging`)."""

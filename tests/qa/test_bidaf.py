@@ -106,4 +106,4 @@ def test_position_shifts_refuse_bidaf_which_has_no_positions(tokenizer):
     model = bidaf_model(tokenizer)
     with pytest.raises(ConfigError, match=r"^perturb\[0\]: bidaf uses no position ids \(config has no "
                                           r"max_position_embeddings\)"):
-        random_padding({}, build_config(tiny_config())).bind(model)
+        random_padding(max_seq_len=build_config(tiny_config()).data.max_seq_len).bind(model)

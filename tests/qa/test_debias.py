@@ -371,7 +371,7 @@ def test_position_shifts_move_no_token_out_of_its_sentence(tokenizer, feats, dev
     debias = Debias("bias_product", 8, prior_level="sentence")
     debias.set_prior(prior)
     batch, _ = batch_and_targets(feats)
-    shift = random_padding({}, SimpleNamespace(data=SimpleNamespace(max_seq_len=512)))
+    shift = random_padding(max_seq_len=512)
     moved = shift(batch, torch.Generator().manual_seed(0))
     assert (moved["position_ids"] != torch.arange(batch["input_ids"].shape[1])).any()
     cpu = torch.device("cpu")
@@ -411,14 +411,16 @@ def test_the_task_computes_the_prior_from_the_training_features(tokenizer, level
     feats = task.train_features(examples, tokenizer, cfg, ds)
     expected = (answer_prior(feats, cfg.data.max_seq_len, 1.0) if level == "token"
                 else sentence_prior(feats, examples, 1.0))
-    prior = task._answer_prior(ds, cfg.train.debias)
+    prior = feats.answer_prior  # the prior travels on the features, not on the task object
     assert prior.level == level and np.array_equal(prior.start, expected.start)
-    model = task.build_model(cfg, tokenizer, ds)
+    model = task.build_model(cfg, tokenizer, ds, feats)
     assert model.debias.prior is prior
     assert (model.debias.window_columns is not None) == (level == "sentence")
+    # Features built without train.debias carry no prior: a debias model cannot be built from them.
     other = task.read("demo:dev", cfg)
+    plain = task.train_features(other.examples[:10], tokenizer, build_config(tiny_config()), other)
     with pytest.raises(TrainingError, match="train.debias"):
-        task.build_model(cfg, tokenizer, other)
+        task.build_model(cfg, tokenizer, other, plain)
 
 
 # ------------------------------------------------------------------------------------------ config

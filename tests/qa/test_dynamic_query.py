@@ -212,7 +212,7 @@ def test_random_padding_and_rpp_never_exceed_the_position_table(tokenizer, feats
     batch = batch_of(feats, 8)
     gen = torch.Generator().manual_seed(0)
     for make in (random_padding, random_position_perturbation):
-        shift = make({}, cfg)
+        shift = make(max_seq_len=cfg.data.max_seq_len)
         shift.bind(model)
         assert shift.max_len + 2 <= n_pos
         for _ in range(50):
@@ -221,7 +221,7 @@ def test_random_padding_and_rpp_never_exceed_the_position_table(tokenizer, feats
             assert pos.max() < n_pos and (pos[:, :2] == torch.tensor([0, 1])).all()
         with torch.no_grad():
             model(shifted)  # runs without an index error
-    too_long = random_padding({"max_len": 97}, cfg)
+    too_long = random_padding(max_len=97, max_seq_len=cfg.data.max_seq_len)
     with pytest.raises(ConfigError, match="2 head positions"):
         too_long.bind(model)
 
@@ -345,7 +345,7 @@ def test_position_updates_count_the_ids_the_encoder_looks_up(tokenizer, feats):
     batch = collate(feats, np.array([short, 0]), pad_id=0, with_labels=True)  # the first row padded
     alone = collate(feats, np.array([short]), pad_id=0, with_labels=True)
     cfg = build_config(tiny_config(data={"max_seq_len": 96, "doc_stride": 32, "max_query_len": 24}))
-    shift = random_padding({}, cfg)
+    shift = random_padding(max_seq_len=cfg.data.max_seq_len)
     shift.bind(model)
     shifted = shift(alone, torch.Generator().manual_seed(0))
     moved = int(shifted["position_shift"][0])

@@ -147,7 +147,7 @@ class DynamicQueryHead(AdditiveSpans, nn.Module):
         return out
 
 
-@HEADS.register("dynamic_query")
+@HEADS.register("dynamic_query", debias=True)
 def dynamic_query(hidden_size: int, null_answer: bool = False, query_pooling: str = "mean",
                   attention: str = "full", softmax_over: str = "all", *,
                   embedding_size: int | None = None) -> DynamicQueryHead:

@@ -42,6 +42,6 @@ class IndependentHead(AdditiveSpans, nn.Module):
         return out
 
 
-@HEADS.register("independent")
+@HEADS.register("independent", debias=True)
 def independent(hidden_size: int, null_answer: bool = False, softmax_over: str = "context") -> IndependentHead:
     return IndependentHead(hidden_size, null_answer, softmax_over)

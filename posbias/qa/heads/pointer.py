@@ -115,6 +115,6 @@ class ConditionalPointerHead(AdditiveSpans, nn.Module):
         return out
 
 
-@HEADS.register("conditional_pointer")
+@HEADS.register("conditional_pointer", debias=True)
 def conditional_pointer(hidden_size: int, null_answer: bool = False, width: int | None = None):
     return ConditionalPointerHead(hidden_size, null_answer, width)
