@@ -198,7 +198,7 @@ def demo(output_dir: str | None = None, overrides=None, progress: bool = True) -
 
 
 def experiment_run(spec, output_dir=None, **kw) -> dict:
-    """Run (or resume) an experiment grid; see `posbias.experiment.run_experiment`."""
+    """Run (or resume) an experiment grid; see `posbias.experiment.run.run_experiment`."""
     from .experiment import run_experiment
 
     return run_experiment(experiment_spec_path(spec), output_dir, **kw)
@@ -206,7 +206,7 @@ def experiment_run(spec, output_dir=None, **kw) -> dict:
 
 def experiment_copy(src_dir, dest_dir, force: bool = False) -> dict:
     """Copy finished runs' results (not checkpoints) between experiment folders; see
-    `posbias.experiment.copy_results`."""
+    `posbias.experiment.archive.copy_results`."""
     from .experiment import copy_results
 
     return copy_results(src_dir, dest_dir, force=force)
@@ -216,7 +216,7 @@ def experiment_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[st
                       baseline: str | None = None, output_dir=None) -> dict:
     """Write report.md, report.html and plots/ for an experiment folder (into `output_dir`, default
     the folder itself); `only` (run-name patterns) and `baseline` (a method) pick a sub-comparison."""
-    from .grid_report import write_report
+    from .experiment.report import write_report
 
     with outputs.output_lock(output_dir or exp_dir, "experiment report: output folder"):  # one writer at a time
         return write_report(exp_dir, bootstrap_samples=bootstrap_samples, only=only, baseline=baseline,

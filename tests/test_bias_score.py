@@ -223,7 +223,7 @@ def _store(exp_dir, segments=(), metrics=None):
 
 
 def test_experiment_report_shows_the_bias_first(tmp_path):
-    from posbias.grid_report import write_report
+    from posbias.experiment.report import write_report
 
     segs = [_seg("base/seed1", "Q1", 80.0, n=40), _seg("base/seed1", "Q2", 40.0, n=40),
             _seg("rpp/seed1", "Q1", 70.0, n=40), _seg("rpp/seed1", "Q2", 56.0, n=40)]
@@ -244,7 +244,7 @@ def test_experiment_report_shows_the_bias_first(tmp_path):
 
 def test_experiment_report_without_position_segments(tmp_path):
     from posbias.analysis.report import NO_BIAS
-    from posbias.grid_report import write_report
+    from posbias.experiment.report import write_report
 
     _store(tmp_path / "exp", [_seg("base/seed1", "01", 80.0, segmenter="answer_length"),
                               _seg("base/seed1", "02", 40.0, segmenter="answer_length")])

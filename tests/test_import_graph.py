@@ -1,8 +1,8 @@
 """The package's import graph has no circle: every `import` of a posbias module, at the top of a file
 or inside a function, is an arrow, and no arrows loop. Data and control flow one way: the fronts
 (api, cli, hf) call down; the task packages (qa, tagging) sit above the shared core (config,
-checkpoint, encoders, ...), and the modules above the tasks (tasks, training, experiment,
-grid_report) import them.
+checkpoint, encoders, ...), and the modules above the tasks (tasks, training,
+the experiment package with its report) import them.
 
 The one deliberate link that is not an import: the core finds a task by name in
 `posbias.registry.TASKS`, whose built-in entries (`qa`, `tagging`) import their package on first use,

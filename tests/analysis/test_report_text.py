@@ -173,7 +173,7 @@ def _hostile_store(exp_dir, method: str):
 
 @pytest.mark.parametrize("method", [MATH, "rpp|x", "<script>alert(1)</script>"])
 def test_experiment_report_with_a_hostile_method_name(tmp_path, method):
-    from posbias.grid_report import write_report
+    from posbias.experiment.report import write_report
 
     _hostile_store(tmp_path / "exp", method)
     res = write_report(tmp_path / "exp", bootstrap_samples=0)

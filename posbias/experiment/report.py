@@ -1,8 +1,9 @@
-"""An experiment's report (a grid of runs): its store aggregated (`posbias.experiment`) and rendered
-with the shared tables and plots of `posbias.analysis.report` into report.md, report.html,
+"""An experiment's report (a grid of runs): its store aggregated (`posbias.experiment.aggregation`) and
+rendered with the shared tables and plots of `posbias.analysis.report` into report.md, report.html,
 report.json and plots/.
 
-It sits above both: the rendering knows no experiment, and the experiment runner writes no report.
+It sits above both: the rendering knows no experiment, and the experiment runner writes no report
+(`posbias.experiment` does not import this module: it loads the tasks, and torch with them).
 """
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import html
 import json
 from urllib.parse import quote
 
-from .analysis.bias import experiment_rows
-from .analysis.report import (NO_BIAS, _fmt, _html_table, _md_table, _mean_sd, _no_std, _scope, bias_note,
-                              bias_sentences, bias_table, code_table, comparison_table, html_figure, html_page,
-                              plot_comparison, plot_curves, plot_segments, plot_updates, segment_table)
-from .analysis.text import md_escape
-from .experiment import aggregate, aggregate_segments, load_results
-from .outputs import claim_folder, no_link
-from .tasks import get_task
-from .utils import atomic_write_json, atomic_write_text
+from ..analysis.bias import experiment_rows
+from ..analysis.report import (NO_BIAS, _fmt, _html_table, _md_table, _mean_sd, _no_std, _scope, bias_note,
+                               bias_sentences, bias_table, code_table, comparison_table, html_figure, html_page,
+                               plot_comparison, plot_curves, plot_segments, plot_updates, segment_table)
+from ..analysis.text import md_escape
+from ..outputs import claim_folder, no_link
+from ..tasks import get_task
+from ..utils import atomic_write_json, atomic_write_text
+from .aggregation import aggregate, aggregate_segments, load_results
 
 
 def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | None = None,

@@ -1,0 +1,99 @@
+"""A trained run's results, read from its folder into the rows the store keeps: its metrics (each eval
+set scored with its best checkpoint), per-example scores, segment metrics, learning curves and
+position-embedding updates, and the versions it trained with.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..analysis.updates import PositionUpdateCounter
+from ..registry import SEGMENTERS
+from .spec import Experiment, Run
+
+
+def collect_results(exp: Experiment, run: Run) -> dict:
+    """Metrics, per-example scores, segment metrics and learning curves of a trained run, and the
+    versions its training recorded when it (re)started (`run_info.json`): the code that trained it,
+    not the checkout's now, which may have moved on while it trained.
+
+    The validation set is the run's `data.eval_file` (scored during training by its best
+    checkpoint); each of the experiment's `eval_sets` is scored now with that checkpoint.
+    """
+    from ..checkpoint import eval_config  # loads torch: on first use
+    from ..tasks import get_task  # loads the task packages, and torch: on first use
+
+    task = get_task(run.config.task)
+    out = run.output_dir
+    info = json.loads((out / "run_info.json").read_text(encoding="utf-8"))
+    sets = {}
+    if run.config.data.eval_file:
+        sets["val"] = (run.config.data.eval_file, out / "eval")
+    for name, path in exp.eval_sets.items():
+        target = out / "evals" / name
+        if not (target / "metrics.json").is_file():
+            # Eval sets are scored whole: data.max_eval_examples caps only the validation set.
+            task.evaluate_checkpoint(out / "best", path, target, progress=False,
+                                     overrides=["data.max_eval_examples=null", f"train.device={run.config.train.device}"])
+        sets[name] = (path, target)
+    metrics, questions, segments = {}, {}, []
+    for name, options in exp.position_eval.items():
+        target = out / "position_eval" / name
+        if not (target / "diagnosis.json").is_file():
+            task.position_eval_checkpoint(out / "best", exp.eval_sets[name], target,
+                                          {k: v for k, v in options.items() if k != "alphas"},
+                                          overrides=[f"train.device={run.config.train.device}"])
+        result = json.loads((target / "diagnosis.json").read_text(encoding="utf-8"))
+        metrics[f"{name} D*(k)"] = task.position_metrics(result, options.get("alphas", (5, 10)))
+    for name, (path, folder) in sets.items():
+        # The validation set as training read it; eval sets whole, as they were scored.
+        ds = task.read(path, run.config if name == "val" else eval_config(run.config, None))
+        if name == "val" and run.config.data.max_eval_examples:
+            ds.examples = ds.examples[: run.config.data.max_eval_examples]
+        metrics[name] = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+        scores = task.example_scores(ds, folder, info)
+        questions[name] = scores
+        for seg_name, seg_fn, seg_options in exp.segments:
+            labels = SEGMENTERS.get(seg_fn)(ds.examples, folder, out / "best", **seg_options)
+            for label in sorted(set(labels.values())):
+                qids = [q for q, lab in labels.items() if lab == label and q in scores]
+                em = sum(scores[q][0] for q in qids) / max(len(qids), 1) * 100
+                f1 = sum(scores[q][1] for q in qids) / max(len(qids), 1) * 100
+                segments.append((name, seg_name, str(label), len(qids), em, f1))
+    curves = {}  # (kind, step) -> value: a step logged twice counts once, with its last value
+    for r in _log_records(out / "train_log.jsonl"):
+        curves["loss", r["step"]] = r["loss"]
+        for k, v in (r.get("stats") or {}).items():  # the model's training scalars (learned-mixin gate)
+            curves[k, r["step"]] = v
+    for r in _log_records(out / "eval_log.jsonl"):
+        name, value = task.main_metric(r)
+        curves[f"val_{name}", r["step"]] = value
+    curves.update(position_update_curve(out / "position_updates.json"))
+    return {"metrics": metrics, "questions": questions, "segments": segments,
+            "curves": [(kind, step, value) for (kind, step), value in curves.items()],
+            "versions": info.get("versions")}
+
+
+def position_update_curve(path: Path) -> dict:
+    """A run's position-embedding updates as curve points: ("position_updates", position id) -> the
+    fraction of optimizer steps in which that id got a gradient. Kept in the store (not only in the
+    run folder), so an archive made by `experiment copy` still holds the positions each run trained.
+    No points for a run that wrote no counts; a damaged file counts as none."""
+    try:
+        fractions = PositionUpdateCounter.fractions(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {("position_updates", i): float(f) for i, f in enumerate(fractions)}
+
+
+def _log_records(path: Path) -> list[dict]:
+    """The records of a JSON-lines log (none if it is missing); a line cut short by a crash is skipped."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records

@@ -1,0 +1,230 @@
+"""Running a grid: `run_experiment` trains, evaluates and records every unfinished run of a spec, in
+this process or through `accelerate launch`, taking each run's lock first (`posbias.experiment.store`);
+`plan` lists the runs with the command that trains each on its own.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from contextlib import closing
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import yaml
+
+from .. import outputs
+from ..config import load_yaml, save_config
+from ..devices import check_device_spec
+from ..errors import ConfigError, RunError
+from ..utils import atomic_write_text, now_iso, versions
+from .collect import collect_results
+from .spec import Experiment, Run, load_experiment
+from .store import claim, connect, holder, lock_fds, readable_store, release, run_status
+
+
+def plan(exp: Experiment, launcher: str = "local", accelerate_args: str = "") -> list[dict]:
+    """The expanded run list, with the command that trains each run on its own."""
+    rows = []
+    for run in exp.runs:
+        cfg_file = run.output_dir / "run_config.yaml"
+        if launcher == "accelerate":
+            cmd = (f"accelerate launch {accelerate_args} -m posbias train {run.config.task} -c {cfg_file} "
+                   "--resume").replace("  ", " ")
+        else:
+            cmd = f"posbias train {run.config.task} -c {cfg_file} --resume"
+        rows.append({"name": run.name, "method": run.method, "seed": run.seed, "dataset": run.dataset,
+                     "train_size": run.train_size, "config_hash": run.config_hash,
+                     "output_dir": str(run.output_dir), "command": cmd})
+    return rows
+
+
+def run_experiment(spec, output_dir: str | None = None, *, launcher: str = "local",
+                   accelerate_args: str = "", dry_run: bool = False, force: bool = False,
+                   progress: bool = True, only: list[str] | None = None, wait: bool = True,
+                   device: str | None = None) -> dict:
+    """Run every unfinished run of the grid; finished runs are skipped, interrupted ones resumed.
+
+    A run whose config changed since it was recorded is refused (all are checked before anything
+    runs) unless `force`, which redoes it from scratch. `only`: shell patterns of run names (e.g.
+    `cp/*`, `rpp/seed2`); the other runs are left alone. Several processes may run one grid at once
+    (see "Sharing a store" in `posbias.experiment.store`): a run another process holds is left to
+    it, and then waited for unless `wait` is False (it is taken over if its holder dies before
+    finishing it).
+
+    Returns the runs this process trained (`ran`), found finished (`skipped_finished`), saw finished
+    by other processes (`finished_by_others`) and, without `wait`, left to them (`left_to_others`).
+    """
+    if launcher not in ("local", "accelerate"):
+        raise ConfigError(f"--launcher must be local or accelerate, got {launcher!r}")
+    exp = load_experiment(spec, output_dir)
+    if device is not None:  # where runs train and are evaluated; not part of a run's config hash
+        check_device_spec(device, "--device")
+        for run in exp.runs:
+            run.config.train.device = device
+    if only:
+        picked = [r for r in exp.runs if any(fnmatchcase(r.name, p) for p in only)]
+        if not picked:
+            raise ConfigError(f"--only {' '.join(only)} matches none of the runs of {exp.name} "
+                              f"({', '.join(r.name for r in exp.runs[:6])}{', ...' if len(exp.runs) > 6 else ''})")
+        exp.runs = picked
+    if dry_run:
+        # Each run's config is written so that the printed commands work as they are, e.g. on the
+        # nodes of a cluster; a later `experiment run` then only collects the finished runs.
+        outputs.claim_folder(exp.output_dir, "experiment output_dir")
+        for run in exp.runs:
+            _run_folder(run)
+            save_config(run.config, run.output_dir / "run_config.yaml")
+        return {"experiment": exp.name, "output_dir": str(exp.output_dir), "runs": plan(exp, launcher, accelerate_args)}
+    outputs.claim_folder(exp.output_dir, "experiment output_dir")  # new, empty or posbias's own
+    _save_spec(exp, spec)
+    outcome: dict[str, list[str]] = {"ran": [], "skipped_finished": [], "finished_by_others": []}
+    options = {"force": force, "launcher": launcher, "accelerate_args": accelerate_args, "progress": progress}
+    with closing(connect(exp.db_path)) as conn, readable_store(exp.db_path):
+        changed = []
+        for run in exp.runs:
+            _, old_hash = run_status(conn, run.name)
+            if old_hash is not None and old_hash != run.config_hash:
+                changed.append(run.name)
+        if changed and not force:
+            raise _changed_error(exp, changed)
+        held = []  # runs another live process is training
+        for i, run in enumerate(exp.runs):
+            status, old_hash = run_status(conn, run.name)
+            if status == "finished" and old_hash == run.config_hash:
+                outcome["skipped_finished"].append(run.name)
+                continue
+            lock = claim(exp.output_dir, run.name)
+            if lock is None:
+                print(f"[{i + 1}/{len(exp.runs)}] {run.name}: held by {holder(exp.output_dir, run.name)}, left to it",
+                      file=sys.stderr, flush=True)
+                held.append(run)
+                continue
+            key = _run_claimed(exp, run, conn, lock, f"[{i + 1}/{len(exp.runs)}] {run.name}", **options)
+            outcome[key].append(run.name)  # "ran", or "finished_by_others" since the first look
+        if held and wait:
+            print(f"waiting for {len(held)} run(s) held by other processes: {', '.join(r.name for r in held)}",
+                  file=sys.stderr, flush=True)
+        while held and wait:
+            for run in list(held):
+                lock = claim(exp.output_dir, run.name)
+                if lock is None:
+                    continue
+                held.remove(run)  # finished by its holder, or free again because its holder died
+                key = _run_claimed(exp, run, conn, lock, f"[taken over] {run.name}", **options)
+                outcome[key].append(run.name)
+            if held:
+                time.sleep(0.5)
+    return {"experiment": exp.name, "output_dir": str(exp.output_dir), **outcome,
+            "left_to_others": [r.name for r in held]}
+
+
+def _changed_error(exp: Experiment, changed: list[str]) -> ConfigError:
+    return ConfigError(
+        f"experiment {exp.name}: the config of run {changed[0]} changed since it was recorded "
+        f"({len(changed)} run(s) in all); use a new output_dir, revert the spec, or pass --force "
+        "to redo them")
+
+
+def _run_claimed(exp: Experiment, run: Run, conn, lock: int, label: str, *, force: bool, **options) -> str:
+    """With the run's lock held: read its record again (another process may have finished it since
+    the first look: "finished_by_others"), else train and record it ("ran"); then let the lock go."""
+    try:
+        status, old_hash = run_status(conn, run.name)
+        if status == "finished" and old_hash == run.config_hash:
+            return "finished_by_others"
+        if old_hash is not None and old_hash != run.config_hash and not force:
+            raise _changed_error(exp, [run.name])  # recorded with another config by another process meanwhile
+        print(label, file=sys.stderr, flush=True)
+        try:
+            execute_run(exp, run, conn, fresh=old_hash not in (None, run.config_hash), lock=lock, **options)
+        except BaseException as e:
+            _record_failure(conn, run.name, e)
+            raise
+        return "ran"
+    finally:
+        release(lock)
+
+
+def _record_failure(conn, name: str, e: BaseException) -> None:
+    """Best effort, with the run's lock still held: its store record says `failed` (`interrupted`),
+    not `running` (its run_info.json says why). A store that cannot be written (a full disk) is
+    left as it is: the original error is the one to report."""
+    try:
+        with conn:
+            conn.execute("UPDATE runs SET status = ?, finished = ? WHERE name = ? AND status = 'running'",
+                         ("interrupted" if isinstance(e, KeyboardInterrupt) else "failed", now_iso(), name))
+    except (sqlite3.Error, OSError):
+        pass
+
+
+def _run_folder(run: Run) -> Path:
+    """`runs/<name>` of an experiment folder already claimed (`outputs.claim_folder`): created and
+    marked as posbias's, so that training accepts it beside the run_config.yaml written first."""
+    run.output_dir.mkdir(parents=True, exist_ok=True)
+    if not outputs.is_marked(run.output_dir):
+        outputs.write_marker(run.output_dir, f"experiment run {run.name}")
+    return run.output_dir
+
+
+def _save_spec(exp: Experiment, spec) -> None:
+    d = load_yaml(spec) if not isinstance(spec, dict) else dict(spec)
+    d["baseline"] = exp.baseline  # explicit, so the report never depends on key order
+    atomic_write_text(exp.output_dir / "experiment.yaml", yaml.safe_dump(d, sort_keys=False))
+
+
+def execute_run(exp: Experiment, run: Run, conn, *, fresh: bool = False, launcher: str = "local",
+                accelerate_args: str = "", progress: bool = True, lock: int | None = None) -> dict:
+    """Train (resuming its last checkpoint if any), evaluate, and record the run in one transaction.
+
+    `lock`: the run's lock (`claim`); an `accelerate launch` child shares it, so that the run stays
+    claimed while the child trains even if this process dies first.
+    """
+    from ..training import train  # loads torch and the tasks: on first use
+
+    started = now_iso()
+    t0 = time.time()
+    with conn:
+        conn.execute(
+            "INSERT INTO runs (name, method, seed, dataset, train_size, config_hash, config_json, output_dir, "
+            "status, started) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?) ON CONFLICT(name) DO UPDATE SET "
+            "config_hash=excluded.config_hash, config_json=excluded.config_json, status='running', "
+            "started=excluded.started",
+            (run.name, run.method, run.seed, run.dataset, run.train_size, run.config_hash,
+             json.dumps(run.config.to_dict()), str(run.output_dir), started))
+    resumable = (run.output_dir / "checkpoints" / "last" / "trainer_state.json").is_file() and not fresh
+    _run_folder(run)
+    save_config(run.config, run.output_dir / "run_config.yaml")
+    if launcher == "accelerate":
+        exe = Path(sys.executable).parent / "accelerate"  # the one installed beside this posbias
+        cmd = [str(exe) if exe.is_file() else "accelerate", "launch", *accelerate_args.split(),
+               "-m", "posbias", "train", run.config.task, "-c", str(run.output_dir / "run_config.yaml"),
+               "--resume" if resumable else "--overwrite"]
+        r = subprocess.run(cmd, pass_fds=lock_fds(lock))
+        if r.returncode != 0:
+            raise RunError(f"run {run.name}: `{' '.join(cmd)}` exited with {r.returncode}; "
+                           "run the experiment again to resume it")
+        summary = json.loads((run.output_dir / "run_info.json").read_text(encoding="utf-8"))["summary"]
+    else:
+        summary = train(run.config, resume="auto" if resumable else None, overwrite=not resumable,
+                        progress=progress)
+    results = collect_results(exp, run)
+    with conn:  # one transaction: a run is recorded whole or not at all
+        for table in ("segments", "question_scores", "curves"):
+            conn.execute(f"DELETE FROM {table} WHERE run = ?", (run.name,))
+        # OR REPLACE: a key twice in a run's files (e.g. a log written by two processes at once by
+        # an older posbias) keeps its last row instead of failing the record, and every later one.
+        conn.executemany("INSERT OR REPLACE INTO question_scores VALUES (?, ?, ?, ?, ?)",
+                         [(run.name, es, q, em, f1) for es, scores in results["questions"].items()
+                          for q, (em, f1) in scores.items()])
+        conn.executemany("INSERT OR REPLACE INTO segments VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         [(run.name, *row) for row in results["segments"]])
+        conn.executemany("INSERT OR REPLACE INTO curves VALUES (?, ?, ?, ?)",
+                         [(run.name, *row) for row in results["curves"]])
+        conn.execute("UPDATE runs SET status='finished', finished=?, wall_seconds=?, train_seconds=?, "
+                     "metrics_json=?, versions_json=? WHERE name=?",
+                     (now_iso(), time.time() - t0, summary.get("train_seconds"),
+                      json.dumps(results["metrics"]), json.dumps(results["versions"] or versions()), run.name))
+    return results
