@@ -83,7 +83,10 @@ class _Ordered(argparse.Action):
 
 
 
+# The built-in tasks' sub-commands (argparse needs them before any task is imported: `posbias --help`
+# loads no torch); what each does is the task's own (`posbias.tasks.Task`).
 TASKS = {"qa": "extractive QA", "tagging": "token classification: NER, POS"}
+EVAL_DATA_HELP = {"qa": "SQuAD JSON(.gz) or MRQA JSONL(.gz)", "tagging": "CoNLL / CoNLL-U file (or several shards)"}
 
 
 def _tasks(sub, name, help_text, tasks=("qa", "tagging")):
@@ -169,8 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for task, p in _tasks(sub, "evaluate", "evaluate a checkpoint on a data file").items():
         _model_arg(p)
-        p.add_argument("--data", required=True, help="SQuAD JSON(.gz) or MRQA JSONL(.gz)" if task == "qa"
-                       else "CoNLL / CoNLL-U file (or several shards)")
+        p.add_argument("--data", required=True, help=EVAL_DATA_HELP[task])
         p.add_argument("--output-dir", default=None, help="write predictions and metrics.json here")
         p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=256")
         _device_arg(p)

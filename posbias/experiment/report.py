@@ -35,7 +35,8 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     # Task-specific analyses (QA: corrections vs boundaries, Random Padding paper §6.2).
     improvements = []
     for name in sorted({json.loads(run["config_json"]).get("task", "qa") for run in results["runs"]}):
-        improvements += getattr(get_task(name), "improvement_rows", lambda res: [])(results)
+        analyse = get_task(name).improvement_rows  # an optional capability: None where the task has none
+        improvements += analyse(results) if analyse is not None else []
     plots = no_link(exp_dir / "plots", "experiment report")
     plots.mkdir(exist_ok=True)
     metrics = list(dict.fromkeys(r["metric"] for r in rows))
@@ -48,7 +49,8 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     figures += [(p.stem.replace("_", " "), p) for p in plot_segments(seg_rows, results["methods"], plots)]
     figures.append(("Position-embedding updates", plot_updates(results, plots / "position_updates.png")))
     for name in sorted({json.loads(run["config_json"]).get("task", "qa") for run in results["runs"]}):
-        figures += getattr(get_task(name), "report_figures", lambda res, d: [])(results, plots)
+        draw = get_task(name).report_figures  # an optional capability: None where the task has none
+        figures += draw(results, plots) if draw is not None else []
     figures = [(t, p) for t, p in figures if p is not None]
 
     runs = results["runs"]

@@ -225,6 +225,6 @@ def _position_eval_spec(value, eval_sets: dict, runs: list[Run]) -> dict[str, di
                               + (did_you_mean(bad, POSITION_EVAL_OPTIONS, prefix=f"position_eval.{name}.")
                                  or f" ({', '.join(sorted(POSITION_EVAL_OPTIONS))})"))
     for task in {r.config.task for r in runs}:
-        if not hasattr(get_task(task), "position_eval_checkpoint"):
+        if get_task(task).position_eval_checkpoint is None:
             raise ConfigError(f"experiment spec: position_eval is not available for task {task!r}")
     return {name: dict(options or {}) for name, options in value.items()}

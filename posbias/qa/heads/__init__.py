@@ -15,9 +15,13 @@
         encoder is given (what the position-update counter counts).
 
 Heads register a factory `(hidden_size, null_answer, **head_options) -> head` in
-`posbias.registry.HEADS`; importing this package registers the built-in ones. A factory with a
-keyword `embedding_size` also gets the width of the encoder's input embeddings (narrower than
-`hidden_size` in ALBERT and ELECTRA-small); one with `softmax_over` gets `model.softmax_over_default`
-when the run's head options do not set it.
+`posbias.registry.HEADS`; importing this package registers the built-in ones. The factory's keyword
+parameters are the head's options, checked by name and type (`posbias.factories`); posbias fills
+in `hidden_size`, `null_answer` and, for a factory that names it, `embedding_size`, the width of
+the encoder's input embeddings (narrower than `hidden_size` in ALBERT and ELECTRA-small); one with
+`softmax_over` gets `model.softmax_over_default` when the run's head options do not set it. A head
+registered with `debias=True` (`HEADS.register(name, debias=True)`) can take `train.debias`: its
+scores are `start_logits` and `end_logits` over one candidate mask (`softmax_mask` of its
+`softmax_over`, default context, and `null_answer`), which `posbias.qa.debias` re-weights.
 """
 from . import dynamic_query, independent, matrix, pointer  # noqa: F401
