@@ -1,9 +1,6 @@
 """Typed run configuration: YAML presets, `a.b=c` overrides, validation with dotted-key errors."""
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -11,24 +8,14 @@ from pathlib import Path
 
 import yaml
 
+from . import compat
+from .compat import marks
 from .devices import check_device_spec
 from .errors import ConfigError, did_you_mean
 from .limits import YAML_LIMIT, check_yaml_graph, check_yaml_text, read_bytes
 from .registry import TASKS
-from .typed import (  # noqa: F401  (names
-    INT64,
-    UNBOUNDED,
-    Bound,
-    _check_type,
-    _from_dict,
-    _num,
-    _type_name,
-    _unknown_key,  # callers import from config)
-    bounded,
-    check_bound,
-    choice,
-    dotted_keys,
-)
+from .typed import (INT64, UNBOUNDED, Bound, _check_type, _from_dict, _num, _type_name,  # noqa: F401  (names
+                    _unknown_key, bounded, check_bound, choice, dotted_keys)  # callers import from config)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 RESOURCES = PACKAGE_DIR / "resources"
@@ -58,13 +45,13 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    output_dir: str = "runs/qa"
+    output_dir: str = field(default="runs/qa", metadata=marks(hash=False, resumable=True))
     """Where checkpoints, logs, predictions and the resolved config are written."""
     seed: int = bounded(42, 0, 2**32, hi_open=True)  # NumPy's and Python's seeding range
     """Seeds weights of new layers, dropout, data order and label policies."""
-    epochs: float = bounded(1.0, 0)
+    epochs: float = bounded(1.0, 0, resumable=True)
     """Passes over the training windows (fractions allowed)."""
-    max_steps: int | None = bounded(None, 1)
+    max_steps: int | None = bounded(None, 1, resumable=True)
     """Train for exactly this many optimizer steps (overrides `epochs`, as in HF Trainer)."""
     batch_size: int = bounded(16, 1)
     """Windows per micro-batch per process."""
@@ -81,74 +68,43 @@ class TrainConfig:
     """Group windows of similar length into batches (dynamic padding wastes little)."""
     group_batches: int = bounded(50, 1)
     """Length groups are formed within shuffled pools of this many batches."""
-    eval_every: int | None = bounded(None, 1)
+    eval_every: int | None = bounded(None, 1, resumable=True)
     """Evaluate every N optimizer steps; by default once at the end of each epoch."""
-    log_every: int = bounded(10, 1)
+    log_every: int = bounded(10, 1, resumable=True)
     """Write a loss/throughput line to train_log.jsonl every N steps."""
     save_best: bool = True
     """Keep the checkpoint with the best eval F1 in `best/` (else the last one)."""
-    save_every: int | None = bounded(None, 1)
+    save_every: int | None = bounded(None, 1, resumable=True)
     """Also save a resumable checkpoint every N steps (always at each evaluation)."""
     mixed_precision: str = "no"
     """Training precision, through accelerate's autocast: `no` (fp32), `bf16`, `fp16`, or `auto`:
     bf16 where the hardware runs it natively (a CPU with AMX-BF16 or AVX512-BF16, a CUDA GPU with
     bf16), else fp32. The resolved choice and why go in run_info.json. Periodic evaluation during
     training runs in the training's precision. Heads, losses and metrics stay fp32."""
-    eval_precision: str = "fp32"
+    eval_precision: str = field(default="fp32", metadata=marks(neutral="fp32", resumable=True))
     """Precision of evaluation, prediction and diagnosis (`--precision`): `fp32`, `bf16`, `fp16` or
     `auto` (as for `mixed_precision`); recorded with the metrics. Not part of the config hash while
     fp32 (runs recorded before the key existed evaluated in fp32)."""
-    eval_batch_size: int = bounded(64, 1)
+    eval_batch_size: int = bounded(64, 1, resumable=True)
     """Windows per batch at evaluation."""
-    eval_batch_tokens: int | None = bounded(8192, 1)
+    eval_batch_tokens: int | None = bounded(8192, 1, hash=False, resumable=True)
     """At most this many padded tokens (windows x longest window) per evaluation batch, so that the
     memory of evaluation follows the tokens in flight (8192: 21 windows of 384, 64 of 128). None:
     `eval_batch_size` alone. Not part of the config hash: batching moves scores in the last bits only."""
-    num_threads: int | None = bounded(None, 1, 4096)  # more threads than any machine has cores
+    num_threads: int | None = bounded(None, 1, 4096, resumable=True)  # more threads than any machine has cores
     """torch intra-op threads (CPU); default leaves torch's choice."""
-    report_to: list[str] | str = field(default_factory=list)
+    report_to: list[str] | str = field(default_factory=list, metadata=marks(hash=False, resumable=True))
     """Experiment trackers, through accelerate: `tensorboard` (in `<output_dir>/tracking`; the
     `posbias[track]` extra), `wandb`, `mlflow`, `aim`, `comet_ml`, `clearml`, `dvclive`, `trackio`,
     `swanlab`, or `all` available; a name or a list. Losses, learning rate, throughput and every
     evaluation's metrics are logged by step. Not part of the config hash."""
-    early_stopping_patience: int | None = bounded(None, 1)
+    early_stopping_patience: int | None = bounded(None, 1, neutral=None)
     """Stop after this many evaluations in a row without a better main metric (needs
     data.eval_file); `best/` keeps the best. None: train to the end."""
-    device: str = "auto"
+    device: str = field(default="auto", metadata=marks(hash=False, resumable=True))
     """Where the model runs for training and for evaluation, prediction and diagnosis: `auto` (the
     GPU when torch sees one, else the CPU), `cpu`, `cuda`, `cuda:N`, `mps`. Not part of the config
     hash: it does not change what an experiment run is."""
-
-
-# Config keys added after experiments were recorded: at these values they change nothing, and are
-# left out of the hash.
-HASH_NEUTRAL_DEFAULTS = {("data", "train_subset"): "first", ("train", "early_stopping_patience"): None,
-                         ("data", "label_map"): None, ("data", "tags_column"): None,
-                         ("data", "length_pool_files"): None, ("train", "eval_precision"): "fp32"}
-
-
-# Keys added with a default that changes behaviour (to follow a paper, issue 29): a config saved
-# before the key existed (a checkpoint's posbias.yaml, a run recorded by an experiment) meant the
-# value here. `build_config(..., saved=True)` fills it in for such configs, and the hash leaves it out
-# at that value, so recorded runs and trained checkpoints keep what they were.
-# (task, section, key) -> the value a saved config without the key had.
-SAVED_BEFORE_KEY: dict[tuple[str, str, str], object] = {
-    # DyReF's softmax ran over the context only (Eq. 1 sums over all tokens: now `all`).
-    ("qa", "model", "softmax_over_default"): "context",
-    # A perturb entry without `mode` replaced the batch; now RPP and CP add the authors' clean pass.
-    ("qa", "data", "perturb_default_mode"): "replace",
-    ("tagging", "data", "perturb_default_mode"): "replace",
-    # D*'s length quantiles were taken of each file alone; now of train + dev (+ test) pooled, as
-    # the paper's §3.1 distributions and the token-positional-bias authors' `trim_dataset`.
-    ("tagging", "data", "length_pool"): "split",
-}
-
-
-def _hash_neutral(task: str) -> dict:
-    """(section, key) -> value left out of the hash for this task's configs."""
-    out = dict(HASH_NEUTRAL_DEFAULTS)
-    out.update({(section, key): v for (t, section, key), v in SAVED_BEFORE_KEY.items() if t == task})
-    return out
 
 
 class RunConfig:
@@ -157,22 +113,15 @@ class RunConfig:
     max_train_examples, max_eval_examples), `train` and `perturb`. A mixin for the dataclasses."""
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as posbias writes it: `config_version` first, then every section (less the keys
+        marked to be left out at their neutral value; `posbias.compat.written_form`)."""
+        return compat.written_form(self)
 
     def hash(self) -> str:
-        """Stable hash of the resolved config (ignores output_dir, and keys added later while at the
-        default that keeps their old behaviour, so recorded experiment runs keep their hashes)."""
-        d = self.to_dict()
-        d["train"].pop("output_dir", None)
-        d["train"].pop("device", None)
-        d["train"].pop("report_to", None)  # where curves are sent changes nothing of the run
-        d["train"].pop("eval_batch_tokens", None)  # evaluation batching: last bits of scores only
-        for (section, key), default in _hash_neutral(d.get("task", "qa")).items():
-            if section in d and key in d[section] and d[section][key] == default:
-                del d[section][key]
-        if not d.get("perturb"):  # the default mode of perturbations changes nothing without any
-            d.get("data", {}).pop("perturb_default_mode", None)
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        """Stable hash of the resolved config: of `to_dict()` less the version and the keys that are
+        not part of the run or sit at the value that keeps a later key's old behaviour (their fields'
+        `posbias.compat.marks`), so recorded experiment runs keep their hashes."""
+        return compat.config_hash(self)
 
 
 class _YAMLLoader(yaml.SafeLoader):
@@ -262,22 +211,24 @@ def load_yaml(path) -> dict:
 
 
 def build_config(d: dict | None = None, overrides: list[str] | dict | None = None, *,
-                 saved: bool = False) -> RunConfig:
+                 saved: bool = False, source: str | None = None) -> RunConfig:
     """Config from a dict plus overrides, validated; `task` (default `qa`) picks the config class.
 
-    `saved`: `d` is a resolved config that posbias wrote (a checkpoint's, a recorded run's): keys it
-    lacks because they were added later take the value that keeps its old behaviour
-    (`SAVED_BEFORE_KEY`), not today's default."""
+    `d` is first brought to the current `config_version` (`posbias.compat.migrate`); `saved`: `d` is
+    a config that posbias wrote (a checkpoint's, a recorded run's), so one without a version predates
+    versions and keeps the behaviour it had; a user's config without one is read as current.
+    `source`: the file `d` was read from, named in errors about its version."""
     d = dict(d or {})
     task = d.get("task", "qa")
     if not isinstance(task, str):
         raise ConfigError(f"task must be a string, got {task!r}")
-    if saved:
-        for (t, section, key), value in SAVED_BEFORE_KEY.items():
-            if t == task and isinstance(d.get(section), dict) and key not in d[section]:
-                d[section] = {**d[section], key: value}
+    d = compat.migrate(d, task=task, saved=saved, source=source)
     if overrides:
-        d = deep_merge(d, overrides if isinstance(overrides, dict) else parse_overrides(overrides))
+        extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+        if compat.VERSION_KEY in extra:
+            raise ConfigError(f"override {compat.VERSION_KEY}: not a setting (the version of the config "
+                              "file it is written in)")
+        d = deep_merge(d, extra)
     task = d.get("task", "qa")
     if not isinstance(task, str):
         raise ConfigError(f"task must be a string, got {task!r}")
@@ -289,7 +240,8 @@ def build_config(d: dict | None = None, overrides: list[str] | dict | None = Non
 def load_config(path=None, overrides: list[str] | dict | None = None, *, saved: bool = False) -> RunConfig:
     """Load a YAML preset (or defaults when `path` is None), apply overrides, validate; `saved`: a
     config posbias wrote (see `build_config`)."""
-    return build_config(load_yaml(path) if path else {}, overrides, saved=saved)
+    return build_config(load_yaml(path) if path else {}, overrides, saved=saved,
+                        source=str(path) if path else None)
 
 
 def preset_path(spec) -> Path:
@@ -314,6 +266,7 @@ def config_from(spec=None, overrides=None) -> RunConfig:
 
 
 def save_config(cfg: RunConfig, path) -> None:
+    """Write `cfg` as YAML, with its `config_version` (`RunConfig.to_dict`)."""
     from .utils import atomic_write_text
 
     atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from .analysis.updates import PositionUpdateCounter
 from .batching import batch_order, move
 from .checkpoint import MODEL_META, check_max_seq_len, save_checkpoint
+from .compat import resumable_keys
 from .config import RunConfig, load_config, save_config
 from . import devices, outputs
 from .encoders import WEIGHTS, first_shape_error, weight_shapes
@@ -50,12 +51,6 @@ from .precision import resolve_precision
 from .tasks import get_task
 from .train_state import PLAIN, load_state, save_state
 from .utils import atomic_write_json, atomic_write_text, interactive, now_iso, recover_dir, replace_dir, set_seed, versions
-
-# Keys that may change when a run is resumed (extending or re-scheduling it); anything else must
-# equal the checkpoint's config, or the resumed run would silently be a different experiment.
-RESUMABLE_CHANGES = {"epochs", "max_steps", "eval_every", "log_every", "save_every", "output_dir", "eval_precision",
-                     "num_threads", "eval_batch_size", "eval_batch_tokens", "device", "report_to"}
-
 
 def _param_groups(model, weight_decay: float):
     # No decay on biases and normalisation weights (1-D tensors), the usual BERT recipe.
@@ -73,15 +68,19 @@ def _adamw(groups, lr: float):
 
 
 def _check_resume(cfg: RunConfig, ckpt: Path) -> None:
+    """Refuse to resume from `ckpt` with a config that differs from the checkpoint's in a key that
+    may not change on resume (`resumable_keys`: the fields marked `resumable`, e.g. train.epochs);
+    anything else would silently make the resumed run a different experiment."""
     old = load_config(ckpt / "posbias.yaml", saved=True).to_dict()
     new = cfg.to_dict()
+    resumable = resumable_keys(type(cfg))
     for section in new:
         a, b = old.get(section), new[section]
         if isinstance(b, dict) and isinstance(a, dict):
             # Both sides' keys: `to_dict` leaves out keys at None (`train.debias`), so a key only the
             # checkpoint has was switched off.
             diff = [k for k in (*b, *(k for k in a if k not in b))
-                    if k not in RESUMABLE_CHANGES and a.get(k) != b.get(k)]
+                    if f"{section}.{k}" not in resumable and a.get(k) != b.get(k)]
             if diff:
                 raise ConfigError(f"cannot resume from {ckpt}: {section}.{diff[0]} changed "
                                   f"({a.get(diff[0])!r} -> {b.get(diff[0])!r})")

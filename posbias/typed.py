@@ -13,6 +13,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hints
 
+from .compat import marks
 from .errors import ConfigError, did_you_mean
 
 
@@ -55,12 +56,13 @@ def _num(x) -> str:
 
 
 def bounded(default=dataclasses.MISSING, lo=None, hi=None, *, lo_open: bool = False, hi_open: bool = False,
-            default_factory=dataclasses.MISSING):
+            default_factory=dataclasses.MISSING, **compat_marks):
     """A dataclass field with its allowed range (see `Bound`); `bounded(16, 1)`: default 16, >= 1.
     Every int and float field of a config declares one (`UNBOUNDED` = any finite value): a test
-    walks the fields and fails on a numeric field without it."""
+    walks the fields and fails on a numeric field without it. `compat_marks`: the field's
+    compatibility rules (`posbias.compat.marks`: hash=False, neutral=..., resumable=True)."""
     return field(default=default, default_factory=default_factory,
-                 metadata={"bound": Bound(lo, hi, lo_open, hi_open)})
+                 metadata={"bound": Bound(lo, hi, lo_open, hi_open), **marks(**compat_marks)})
 
 
 def check_bound(value, bound: Bound | None, key: str, *, nullable: bool = False) -> None:

@@ -19,7 +19,7 @@ which RPP never trains the positions 1 .. l - 1 its test sentences sit at: p_r >
 `replace` for Random Padding and Randomized Positions (Tao et al. and Ruoss et al. train on the
 perturbed batch only). `replace` or
 `augment` there applies that mode to every entry without one; configs saved before the key existed
-read as `replace` (`posbias.config.SAVED_BEFORE_KEY`).
+read as `replace` (`posbias.compat._v0_to_v1`).
 - `replace`: the perturbations with mode replace are applied in config order to the batch, and the
   step trains on the result. Cost: whatever the perturbed batch costs (the position shifts
   nothing extra; Context Perturbation rows of up to M tokens instead of one sentence each).

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..compat import marks
 from ..config import ModelConfig, RunConfig, TrainConfig, _from_dict, bounded, choice
 from ..errors import ConfigError
 
@@ -11,14 +12,15 @@ from ..errors import ConfigError
 class QAModelConfig(ModelConfig):
     """The model section of a QA run: the shared keys, and the span softmax's default."""
 
-    softmax_over_default: str | None = None
+    softmax_over_default: str | None = field(default=None, metadata=marks(neutral="context"))
     """`model.head_options.softmax_over` for the heads that take it (`dynamic_query`, `independent`)
     when the run does not set it: `all` (every real token, [CLS] and question included; DyReF Eq. 1)
     or `context` (the context, plus [CLS] for SQuAD v2; Random Padding Eq. 1-2). Empty: the head's
     own default, `all` for `dynamic_query` and `context` for every other head; the resolved config
     records it (so overriding `model.head` of an already resolved config keeps the old head's
-    value). Configs saved before the key existed read `context`: earlier DyReF checkpoints and
-    recorded runs keep their context-only softmax and their config hash."""
+    value). Configs saved before the key existed read `context` (`posbias.compat._v0_to_v1`), and
+    the hash leaves it out at `context`: earlier DyReF checkpoints and recorded runs keep their
+    context-only softmax and their config hash."""
 
     def __post_init__(self):
         # Resolved here, not at model build: the value of a new DyReF config (`all`) must enter the
@@ -62,15 +64,16 @@ class QADataConfig:
     """`error` stops at the first malformed record; `skip` drops it and counts it in the summary."""
     max_train_examples: int | None = bounded(None, 1)
     """Use only N training questions: the first N (file order), or a random draw (`train_subset`)."""
-    train_subset: str = "first"
+    train_subset: str = field(default="first", metadata=marks(neutral="first"))
     """How `max_train_examples` picks: `first` (file order) or `random` (a draw seeded by train.seed:
     each seed its own subset, the same for every method; few-shot experiments)."""
     max_eval_examples: int | None = bounded(None, 1)
     """Use only the first N evaluation questions (file order)."""
-    perturb_default_mode: str = "paper"
+    perturb_default_mode: str = field(default="paper", metadata=marks(neutral="replace", hash_only_with="perturb"))
     """Mode of a `perturb` entry that sets none: `paper` (each perturbation's paper, or where it is
     silent its authors' code: `replace` for Random Padding, `augment` = clean + perturbed pass for
-    RPP), `replace` or `augment` for all. Configs saved before the key read as `replace`."""
+    RPP), `replace` or `augment` for all. Configs saved before the key read as `replace`
+    (`posbias.compat._v0_to_v1`); not part of the hash at `replace` or without perturbations."""
 
 
 @dataclass
@@ -105,12 +108,12 @@ class DebiasConfig:
     gate: str | None = None
     """learned-mixin's g(x) = softplus(w·h + c): `cls` (default; h the [CLS] state) or `max` (the
     maximum of w·h_t over the real tokens, as the authors' code)."""
-    prior: str = "token"
+    prior: str = field(default="token", metadata=marks(neutral="token", omit=True))
     """The bias model of bias_product and learned-mixin(+H): `token` (P(label = j-th context token of
     the window)) or `sentence` (P(label in the k-th sentence of the context), every token of sentence
     k getting sentence k's value: Ko et al.'s `answer_stat`; `posbias.qa.debias`). Left out of the
     saved config and its hash at `token`, so runs set before the key existed keep theirs."""
-    bias_term: str = "log"
+    bias_term: str = field(default="log", metadata=marks(neutral="log", omit=True))
     """What bias_product and learned-mixin(+H) add to the main model's log-softmax: `log` (log b,
     Clark et al.'s product of experts) or `probability` (b itself, as the authors' code adds its
     statistics: `start_logits + start_bias` in `BertForQuestionAnsweringAllSentProd`). Left out of the
@@ -121,8 +124,9 @@ class DebiasConfig:
 class QATrainConfig(TrainConfig):
     """The train section of a QA run: the shared keys and `debias`."""
 
-    debias: DebiasConfig | None = None
-    """De-biasing objective (see DebiasConfig), e.g. {method: learned_mixin}; absent or null: off."""
+    debias: DebiasConfig | None = field(default=None, metadata=marks(neutral=None, omit=True))
+    """De-biasing objective (see DebiasConfig), e.g. {method: learned_mixin}; absent or null: off.
+    Left out of the saved config and its hash when off."""
 
     def __post_init__(self):
         if self.debias is not None and not isinstance(self.debias, DebiasConfig):
@@ -140,21 +144,6 @@ class QAConfig(RunConfig):
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     perturb: list = field(default_factory=list)
     """Training-time input perturbations, each `{name: ..., options...}`."""
-
-    def to_dict(self) -> dict:
-        """The config as a dict; `train.debias` only when set, its `prior` only when not `token` and its
-        `bias_term` only when not `log`,
-        so that configs without them (every run recorded before they existed) keep their saved form
-        and their hash."""
-        d = super().to_dict()
-        if d["train"].get("debias") is None:
-            d["train"].pop("debias", None)
-        else:
-            # The defaults, and the only values before the keys existed.
-            for key, default in (("prior", "token"), ("bias_term", "log")):
-                if d["train"]["debias"].get(key) == default:
-                    d["train"]["debias"].pop(key)
-        return d
 
     def validate(self) -> None:
         """QA checks; each error names the dotted key(s) to change."""

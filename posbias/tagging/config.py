@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..compat import marks
 from ..config import ModelConfig, RunConfig, TrainConfig, bounded, choice
 from ..errors import ConfigError, did_you_mean
 
@@ -46,30 +47,32 @@ class TaggingDataConfig:
     quantiles of the length distribution `length_pool` names, for the training and the evaluation
     file alike (null: every sentence). Not carried over when a checkpoint evaluates another file;
     `posbias diagnose tagging` has its own `--quantiles` (and uses `length_pool` too)."""
-    length_pool: str = "pooled"
+    length_pool: str = field(default="pooled", metadata=marks(neutral="split"))
     """Whose sentence lengths the D* quantiles are taken of: `pooled` (the default, as the paper's
     §3.1 length distributions and the authors' `trim_dataset`): the lengths of every file in
-    `length_pool_files` together, one pair of bounds for every file cut; `split`: each file's own."""
-    length_pool_files: str | list[str] | None = bounded(None, 1)
+    `length_pool_files` together, one pair of bounds for every file cut; `split`: each file's own.
+    Configs saved before the key read as `split` (`posbias.compat._v0_to_v1`), left out of the hash."""
+    length_pool_files: str | list[str] | None = bounded(None, 1, neutral=None)
     """The files whose sentence lengths `length_pool: pooled` pools: null = the run's `train_file`
     and `eval_file` (and, for a model without them, the file being cut). The authors pooled train,
     dev and test: list all three for their bounds (CoNLL-2003 at [0.15, 0.75]: 4 to 22 words)."""
     max_train_examples: int | None = bounded(None, 1)
     """Use only N training sentences: the first N (file order), or a random draw (`train_subset`)."""
-    train_subset: str = "first"
+    train_subset: str = field(default="first", metadata=marks(neutral="first"))
     """How `max_train_examples` picks: `first` (file order) or `random` (a draw seeded by train.seed:
     each seed its own subset, the same for every method; few-shot experiments)."""
     max_eval_examples: int | None = bounded(None, 1)
     """Use only the first N evaluation sentences (file order)."""
-    perturb_default_mode: str = "paper"
+    perturb_default_mode: str = field(default="paper", metadata=marks(neutral="replace", hash_only_with="perturb"))
     """Mode of a `perturb` entry that sets none: `paper` (each perturbation's paper, or where it is
     silent its authors' code: `augment` = clean + perturbed pass for RPP and Context Perturbation,
     `replace` for Random Padding), `replace` or `augment` for all. Configs saved before the key read
-    as `replace`."""
-    tags_column: str | None = None
+    as `replace` (`posbias.compat._v0_to_v1`); not part of the hash at `replace` or without
+    perturbations."""
+    tags_column: str | None = field(default=None, metadata=marks(neutral=None))
     """The tag column of a `datasets.Dataset` given as data (default: the first of ner_tags, tags,
     labels, upos, pos_tags, xpos it has)."""
-    label_map: dict[str, str] | None = None
+    label_map: dict[str, str] | None = field(default=None, metadata=marks(neutral=None))
     """Evaluating a model on data that names its classes otherwise: data entity type (or POS tag)
     -> the model's, e.g. {person: PER, location: LOC}; `O` drops a type. Without it, a data class
     the model does not know stops `evaluate`/`diagnose` with both label sets named."""
