@@ -44,6 +44,7 @@ import warnings
 
 import torch
 
+from .tokens import separator_id, special_tokens
 from .errors import ConfigError
 from .perturb import build_perturbation
 from .perturb.context_concat import concatenate_contexts
@@ -84,8 +85,6 @@ def position_numbering(model) -> tuple[int, int, int | None]:
 
 
 def _leading_special(tokenizer) -> set[int]:
-    from .tagging.features import special_tokens
-
     prefix, _ = special_tokens(tokenizer)
     return {prefix[0]} if prefix else set()
 
@@ -243,7 +242,6 @@ class ContextPerturbationCollator:
     def __init__(self, collator, model, tokenizer, *, max_len: int | None = None, seed: int = 0,
                  mode: str = "augment"):
         from .encoders import position_id_base
-        from .tagging.features import separator_id, special_tokens
 
         self.collator, self.mode, self.model = collator, _check_mode(mode), model
         _install_hook(model)
@@ -353,8 +351,6 @@ class PerturbationCollator:
         if bind is not None:
             bind(target, tokenizer)
         _install_hook(model)
-        from .tagging.features import special_tokens
-
         self.leading = _leading_special(tokenizer)
         prefix, suffix = special_tokens(tokenizer)
         self.n_prefix, self.n_suffix = len(prefix), len(suffix)
@@ -421,7 +417,7 @@ def _callback_base():
 # (`posbias.tagging.evaluate.align_labels`): its own arguments, not config keys.
 CALLBACK_FRONT = {"tag_column": "data=posbias.tagging.readers.read_tagging(path, tag_column={})",
                   "tag": "data=posbias.tagging.readers.read_tagging(path, tag={!r})",
-                  "tags_column": "data=posbias.hf_datasets.read_tagging_dataset(ds, tags_column={!r})",
+                  "tags_column": "data=posbias.tagging.readers.read_tagging_dataset(ds, tags_column={!r})",
                   "label_map": "label_map",
                   "labels": "pass labels=[...] (the tag names in id order) to PositionBiasCallback, or set "
                             "model.config.id2label and label2id"}

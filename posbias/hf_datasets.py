@@ -5,6 +5,9 @@ Token classification: a column of word lists (`tokens`, `words`) and one of tag 
 `tags`, `labels`, `upos`, `pos_tags`, `xpos`; `data.tags_column` picks another), tag names from the
 column's `ClassLabel` when it has one. QA: SQuAD's columns (`id`, `question`, `context`, `answers`
 with `text` and `answer_start` lists, optional `title`); an empty `answers` is unanswerable (v2).
+
+This module tells Datasets apart and finds their columns; each task reads them into its own data
+set (`posbias.tagging.readers.read_tagging_dataset`, `posbias.qa.readers.read_squad_dataset`).
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ def dataset_name(ds) -> str:
     return f"datasets:{name}" + (f"[{split}]" if split else "") + f"({len(ds)} rows" + (f", {fp[:12]})" if fp else ")")
 
 
-def _column(ds, wanted, candidates, what) -> str:
+def column(ds, wanted, candidates, what) -> str:
+    """The column `wanted`, else the first of `candidates` the Dataset has; a named error otherwise."""
     cols = list(ds.column_names)
     if wanted:
         if wanted not in cols:
@@ -56,24 +60,6 @@ def _column(ds, wanted, candidates, what) -> str:
         raise ConfigError(f"{dataset_name(ds)}: no {what} column (one of {list(candidates)}); columns: {cols}"
                           + ("; set data.tags_column" if what == "tag" else ""))
     return found
-
-
-def read_tagging_dataset(ds, *, tags_column: str | None = None, scheme: str = "auto", on_bad_record: str = "error"):
-    """A posbias TaggingDataset from a Dataset of word lists and tag lists (names or ClassLabel ids)."""
-    from .tagging.conll import read_word_tag_rows
-
-    ds = one_split(ds)
-    words = _column(ds, None, TOKEN_COLUMNS, "word")
-    tags = _column(ds, tags_column, TAG_COLUMNS, "tag")
-    names = getattr(getattr(ds.features[tags], "feature", None), "names", None)  # Sequence(ClassLabel)
-
-    def rows():
-        for r in ds:
-            ts = r[tags]
-            yield r[words], [names[t] for t in ts] if names else ts
-    out = read_word_tag_rows(dataset_name(ds), rows(), scheme=scheme, on_bad_record=on_bad_record)
-    out.read_as = {"dataset": ds, "words_column": words, "tags_column": tags}
-    return out
 
 
 def tag_lists(ds, column: str) -> list[str] | None:
@@ -92,22 +78,3 @@ def tag_lists(ds, column: str) -> list[str] | None:
             else:
                 return None
     return out
-
-
-def read_squad_dataset(ds, *, on_bad_record: str = "error"):
-    """A posbias QADataset from a Dataset with SQuAD's columns, checked as a SQuAD file is."""
-    from .qa.squad import squad_from_object
-
-    ds = one_split(ds)
-    for c in ("id", "question", "context", "answers"):
-        _column(ds, c, (c,), c)
-    has_title = "title" in ds.column_names
-    articles = []
-    for r in ds:
-        ans = r["answers"] or {}
-        answers = [{"text": t, "answer_start": s} for t, s in zip(ans.get("text", []), ans.get("answer_start", []))]
-        qa = {"id": str(r["id"]), "question": r["question"], "answers": answers}
-        if not answers:
-            qa["is_impossible"] = True
-        articles.append({"title": r["title"] if has_title else "", "paragraphs": [{"context": r["context"], "qas": [qa]}]})
-    return squad_from_object(dataset_name(ds), {"data": articles}, on_bad_record=on_bad_record)

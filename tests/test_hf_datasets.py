@@ -53,7 +53,7 @@ def test_tagging_train_evaluate_diagnose_from_datasets(tmp_path):
 
 def test_dataset_errors_name_the_row_or_the_splits():
     bad = datasets.Dataset.from_dict({"tokens": [["Ana", "went"], ["Bo"]], "ner_tags": [["B-PER", "O"], ["O", "O"]]})
-    from posbias.hf_datasets import read_tagging_dataset
+    from posbias.tagging.readers import read_tagging_dataset
 
     with pytest.raises(DataError, match=r"datasets:in-memory\(2 rows.*record 'row 1': 1 words but 2 tags"):
         read_tagging_dataset(bad)
@@ -68,7 +68,7 @@ def test_dataset_errors_name_the_row_or_the_splits():
 
 def test_a_dataset_column_holding_the_models_tags_is_named():
     """HF's conll2003 has pos_tags, chunk_tags and ner_tags; a POS model reads ner_tags by default."""
-    from posbias.hf_datasets import read_tagging_dataset
+    from posbias.tagging.readers import read_tagging_dataset
     from posbias.tagging.evaluate import align_labels
 
     pos = ["NNP", "VBD", "TO", "NN"]

@@ -29,7 +29,7 @@ import torch
 from ..errors import ConfigError
 from ..registry import PERTURBATIONS
 from ..typed import Bound
-from ..tagging.features import IGNORE, separator_id, special_tokens
+from ..tokens import IGNORE, separator_id, special_tokens
 
 # Batch fields this perturbation rebuilds; anything else would be left describing the old rows.
 ROW_FIELDS = {"input_ids", "attention_mask", "word_index", "predict", "labels", "token_type_ids"}

@@ -4,10 +4,11 @@ from __future__ import annotations
 import json
 
 from ..config import resolve_path
+from ..hf_datasets import column, dataset_name, is_hf_dataset, one_split
 from ..records import check_on_bad_record, read_text
 from .examples import QADataset
 from .mrqa import parse_mrqa
-from .squad import parse_squad, read_squad_many
+from .squad import parse_squad, read_squad_many, squad_from_object
 
 
 def read_qa(path, on_bad_record: str = "error", check_offsets: bool = True) -> QADataset:
@@ -28,10 +29,25 @@ def read_qa(path, on_bad_record: str = "error", check_offsets: bool = True) -> Q
 def read_dataset(spec, on_bad_record: str = "error") -> QADataset:
     """A QA file (or a list of shards) by path or bundled alias (`demo:train`, `demo:dev`), or a
     `datasets.Dataset` with SQuAD's columns."""
-    from ..hf_datasets import is_hf_dataset, read_squad_dataset
-
     if is_hf_dataset(spec):
         return read_squad_dataset(spec, on_bad_record=on_bad_record)
     if isinstance(spec, (list, tuple)):
         return read_squad_many([resolve_path(p) for p in spec], on_bad_record=on_bad_record)
     return read_qa(resolve_path(spec), on_bad_record=on_bad_record)
+
+
+def read_squad_dataset(ds, *, on_bad_record: str = "error"):
+    """A posbias QADataset from a Dataset with SQuAD's columns, checked as a SQuAD file is."""
+    ds = one_split(ds)
+    for c in ("id", "question", "context", "answers"):
+        column(ds, c, (c,), c)
+    has_title = "title" in ds.column_names
+    articles = []
+    for r in ds:
+        ans = r["answers"] or {}
+        answers = [{"text": t, "answer_start": s} for t, s in zip(ans.get("text", []), ans.get("answer_start", []))]
+        qa = {"id": str(r["id"]), "question": r["question"], "answers": answers}
+        if not answers:
+            qa["is_impossible"] = True
+        articles.append({"title": r["title"] if has_title else "", "paragraphs": [{"context": r["context"], "qas": [qa]}]})
+    return squad_from_object(dataset_name(ds), {"data": articles}, on_bad_record=on_bad_record)

@@ -23,10 +23,9 @@ def tagging_tokenizer(path: str, as_saved: bool = False):
 def read_for(spec, cfg):
     """A tagging file (or shards) read with the config's data options, tags converted to
     `data.label_scheme` when one is set."""
-    from .readers import read_tagging
+    from ..hf_datasets import is_hf_dataset
+    from .readers import read_tagging, read_tagging_dataset
     from .schemes import convert
-
-    from ..hf_datasets import is_hf_dataset, read_tagging_dataset
 
     d = cfg.data
     if is_hf_dataset(spec):  # a datasets.Dataset of word and tag lists

@@ -6,8 +6,9 @@ import re
 from pathlib import Path
 
 from ..errors import DataError
+from ..hf_datasets import TAG_COLUMNS, TOKEN_COLUMNS, column, dataset_name, one_split
 from ..records import check_on_bad_record, duplicate, read_text
-from .conll import read_conll
+from .conll import read_conll, read_word_tag_rows
 from .conllu import read_conllu
 from .examples import TaggingDataset
 
@@ -94,3 +95,19 @@ def _join(parts: list[TaggingDataset], on_bad_record: str) -> TaggingDataset:
         read_as = {**first.read_as, "paths": [p for d in parts for p in d.read_as["paths"]]}
     return TaggingDataset(", ".join(d.path for d in parts), first.format, scheme, examples, skipped,
                           source_scheme=source, read_as=read_as)
+
+
+def read_tagging_dataset(ds, *, tags_column: str | None = None, scheme: str = "auto", on_bad_record: str = "error"):
+    """A posbias TaggingDataset from a Dataset of word lists and tag lists (names or ClassLabel ids)."""
+    ds = one_split(ds)
+    words = column(ds, None, TOKEN_COLUMNS, "word")
+    tags = column(ds, tags_column, TAG_COLUMNS, "tag")
+    names = getattr(getattr(ds.features[tags], "feature", None), "names", None)  # Sequence(ClassLabel)
+
+    def rows():
+        for r in ds:
+            ts = r[tags]
+            yield r[words], [names[t] for t in ts] if names else ts
+    out = read_word_tag_rows(dataset_name(ds), rows(), scheme=scheme, on_bad_record=on_bad_record)
+    out.read_as = {"dataset": ds, "words_column": words, "tags_column": tags}
+    return out
