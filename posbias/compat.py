@@ -7,7 +7,7 @@ Policy.
 - **A config key that changes behaviour** (a new key whose default is not what configs without it
   did, or a changed default): bump `CONFIG_VERSION` by adding one step to `STEPS`, a small named
   function `_vN_to_vN1(d, task)` that gives a config of the old version the value that keeps its
-  old behaviour, with its own test in `tests/test_compat.py`; mark the field `neutral=` that old
+  old behaviour, with its own test in `tests/core/test_compat.py`; mark the field `neutral=` that old
   value, so that the runs recorded before keep their hashes. The step is the only place that
   remembers what old configs meant.
 - **A key that changes nothing at one value** (added after runs were recorded, e.g. early stopping
@@ -27,7 +27,7 @@ version newer than this code's is refused, naming the file.
 The hash of a config (`config_hash`) is that of its written form less the fields marked above; it
 must never change for a config that means the same run: experiment stores (`docs/experiments/`)
 recorded runs under it, and `experiment run` skips a finished run only when the hash matches
-(`tests/test_compat.py` holds frozen hashes).
+(`tests/core/test_compat.py` holds frozen hashes).
 
 This module imports no task package (and no torch): the task configs mark their own fields.
 """

@@ -39,8 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 STDERR_TAIL = 2000
 
-# A BERT with TINY_ENCODER's shape (tests/conftest.py) and the bundled tiny tokenizer, saved as a plain
-# HF folder: the examples' --model, as tests/test_examples.py runs them.
+# A BERT with TINY_ENCODER's shape (tests/helpers) and the bundled tiny tokenizer, saved as a plain
+# HF folder: the examples' --model, as tests/fronts/test_examples.py runs them.
 MAKE_TINY_BERT = """
 import sys, torch
 from transformers import AutoTokenizer, BertConfig, BertModel

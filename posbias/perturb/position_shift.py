@@ -13,7 +13,7 @@ of a window to just after [CLS]:
 With absolute position embeddings and masked padding this is exactly the same as keeping the
 window unpadded and giving every token after [CLS] the position id `original + k` ([CLS] stays at
 position 0): padding only ever contributes through masked attention (weight 0). So posbias shifts
-position ids and keeps dynamic padding (tests/test_position_shift.py proves the equivalence on
+position ids and keeps dynamic padding (tests/perturb/test_position_shift.py proves the equivalence on
 logits and encoder gradients against the literal pad-moving input).
 
 Sampler 2, Random Position Perturbation (Ben Amor et al., "Impact of Position Bias on Language

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import demo_v2_file, run_cli, tiny_config
+from helpers import demo_v2_file, run_cli, tiny_config
 from posbias.config import RESOURCES
 from posbias.analysis.report import md_table
 from posbias.analysis.text import md_escape, plot_text
@@ -192,7 +192,7 @@ def dyref_checkpoint(tmp_path_factory):
     """A random tiny DyReF (dynamic_query) QA checkpoint, saved without training."""
     import torch
 
-    from conftest import tiny_model
+    from helpers import tiny_model
     from posbias.checkpoint import save_checkpoint
     from posbias.config import build_config
     from transformers import AutoTokenizer

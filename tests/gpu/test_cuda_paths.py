@@ -17,7 +17,7 @@ import posbias
 from posbias.config import build_config, config_from
 from posbias.tasks import get_task
 
-from conftest import DEMO_DEV, INTERRUPT, TINY_ENCODER, assert_close_to_scale, tiny_config
+from helpers import DEMO_DEV, INTERRUPT, TINY_ENCODER, assert_close_to_scale, tiny_config
 
 QUICK = {"data": {"max_train_examples": 16, "max_eval_examples": 8}, "train": {"max_steps": 2, "eval_batch_size": 8}}
 TAGGING_EVAL = ["data.max_eval_examples=16"]
@@ -165,7 +165,7 @@ def test_head_trains_and_evaluates_on_device(device, name, tmp_path, monkeypatch
 
 def test_v2_null_answers_on_device(device, tmp_path, monkeypatch):
     """SQuAD v2 (a [CLS] null answer, null_odds) with the conditional pointer head."""
-    from conftest import demo_v2_file
+    from helpers import demo_v2_file
 
     path, _ = demo_v2_file(tmp_path, 16)
     d = qa_config(tmp_path, device, model={"head": "conditional_pointer"},

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from devices_under_test import CPU_ONLY_ENV, DEVICES
+from helpers import CPU_ONLY_ENV, DEVICES
 
 REPO = Path(__file__).resolve().parents[2]
 SKIPPED = "no CUDA GPU: gpu-check skipped"

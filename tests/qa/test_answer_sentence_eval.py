@@ -13,7 +13,7 @@ from posbias.qa.evaluate import score_predictions
 from posbias.qa.examples import Answer, QAExample
 from posbias.registry import SEGMENTERS
 
-from conftest import DEMO_DEV, tiny_config
+from helpers import DEMO_DEV, tiny_config
 
 PARAGRAPH = ("Paris is in France. Dr. Smith lives in Berlin, in Germany. Rome is in Italy! Is Madrid in Spain? "
              "Lisbon is in Portugal. Vienna is in Austria.")

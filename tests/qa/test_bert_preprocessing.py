@@ -17,7 +17,7 @@ from posbias.qa.features import build_qa_features, resolve_unanswerable_windows
 from posbias.qa.readers import read_qa
 from posbias.qa.truncate import build_dataset, truncate_fixed
 
-from conftest import DEMO_DEV, DEMO_TRAIN, tiny_config, tiny_model
+from helpers import DEMO_DEV, DEMO_TRAIN, tiny_config, tiny_model
 
 WINDOWS = dict(max_seq_len=64, doc_stride=16, max_query_len=24)
 

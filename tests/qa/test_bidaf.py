@@ -14,7 +14,7 @@ from posbias.qa.collate import collate
 from posbias.qa.features import build_qa_features
 from posbias.qa.model import build_model
 
-from conftest import DEMO_DEV, tiny_config
+from helpers import DEMO_DEV, tiny_config
 
 BIDAF = {"model_type": "bidaf", "hidden_size": 16, "embedding_size": 8, "dropout": 0.0}
 

@@ -27,7 +27,7 @@ from posbias.qa.sentences import sentence_index
 from posbias.qa.task import QATask
 from posbias.perturb.position_shift import random_padding
 
-from conftest import DEMO_DEV, assert_close_to_scale, tiny_config, tiny_model
+from helpers import DEMO_DEV, assert_close_to_scale, tiny_config, tiny_model
 
 
 @pytest.fixture(scope="module")

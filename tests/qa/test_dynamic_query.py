@@ -14,7 +14,7 @@ from posbias.qa.features import build_qa_features
 from posbias.qa.heads.dynamic_query import DynamicQueryHead, query_attention_mask
 from posbias.qa.model import build_model
 
-from conftest import TINY_ENCODER, tiny_config
+from helpers import TINY_ENCODER, tiny_config
 
 MASKS = ("full", "bidirectional", "causal", "independent")
 
@@ -254,7 +254,7 @@ def test_explain_attention_writes_the_map(tmp_path):
     import json
 
     import posbias
-    from conftest import run_cli
+    from helpers import run_cli
 
     cfg = build_config(tiny_config(tmp_path, model={"head": "dynamic_query"}, train={"max_steps": 2}))
     posbias.train(cfg, progress=False)
@@ -321,7 +321,7 @@ def test_queries_take_the_embedding_width_of_electra_and_albert(tokenizer, feats
 def test_dyref_on_electra_and_albert_trains_saves_reloads_and_evaluates(tmp_path, kind):
     import json
 
-    from conftest import train_and_reevaluate
+    from helpers import train_and_reevaluate
 
     cfg = build_config(tiny_config(tmp_path, model={"head": "dynamic_query", "encoder": NARROW_EMBEDDINGS[kind]},
                                    train={"max_steps": 3, "eval_every": 3}))

@@ -15,7 +15,7 @@ from posbias.qa import evaluate as ev
 from posbias.qa.features import QAFeatures, StreamedFeatures, build_qa_features, example_chunks
 from posbias.qa.readers import read_qa
 
-from conftest import DEMO_DEV, tiny_config, tiny_model
+from helpers import DEMO_DEV, tiny_config, tiny_model
 
 WINDOWS = {"max_seq_len": 96, "doc_stride": 32, "max_query_len": 32}
 

@@ -16,7 +16,7 @@ from posbias.qa.heads.matrix import MatrixHead, _top_but_gold, ensemble_merge
 from posbias.qa.heads.span_scores import top_spans
 from posbias.qa.model import build_model
 
-from conftest import tiny_config, train_and_reevaluate
+from helpers import tiny_config, train_and_reevaluate
 
 HEAD_OPTIONS = {
     "conditional_pointer": {},

@@ -10,7 +10,7 @@ from posbias.checkpoint import load_checkpoint, save_checkpoint
 from posbias.qa.model import QAModel
 from posbias.registry import HEADS
 
-from conftest import relative_error, tiny_model
+from helpers import relative_error, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_pretrained_encoder_loads_quietly_and_names_missing_weights(tokenizer, t
     from posbias.config import ModelConfig
     from posbias.qa.model import build_model
 
-    from conftest import TINY_ENCODER
+    from helpers import TINY_ENCODER
 
     spec = {k: v for k, v in TINY_ENCODER.items() if k != "model_type"}
     cfg = AutoConfig.for_model("bert", vocab_size=len(tokenizer), **spec)

@@ -14,7 +14,7 @@ from posbias.config import build_config
 from posbias.qa.collate import collate
 from posbias.qa.features import build_qa_features
 
-from conftest import DEMO_DEV, tiny_config, tiny_model
+from helpers import DEMO_DEV, tiny_config, tiny_model
 
 
 def test_gold_mention_positions_point_at_the_answers(tokenizer, dev_examples):

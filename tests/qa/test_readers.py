@@ -20,7 +20,7 @@ from posbias.qa.squad import read_squad, read_squad_many
 from posbias.errors import DataError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bad_qa"
-from conftest import SHARED_DATA as SHARED
+from helpers import SHARED_DATA as SHARED
 V1 = json.loads((FIXTURES / "v1.json").read_text(encoding="utf-8"))
 N_V1 = 5  # questions in v1.json
 

@@ -20,7 +20,7 @@ from posbias.qa.features import build_qa_features
 from posbias.qa.model import build_model
 from posbias.registry import HEADS
 
-from conftest import demo_v2_file, tiny_config
+from helpers import demo_v2_file, tiny_config
 
 RECORDED = Path(__file__).resolve().parents[2] / "docs" / "experiments" / "dyref_fewshot" / "experiment.sqlite"
 

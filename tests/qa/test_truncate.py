@@ -9,7 +9,7 @@ from posbias.qa.readers import read_qa
 from posbias.qa.truncate import (count_words, split_halves, statistics, truncate_example, truncate_fixed,
                                    truncate_range, word_spans)
 
-from conftest import DEMO_DEV
+from helpers import DEMO_DEV
 
 CTX = "Alpha beta, gamma delta. Epsilon zeta eta theta."
 

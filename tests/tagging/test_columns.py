@@ -9,7 +9,7 @@ from posbias.errors import DataError
 from posbias.tagging.columns import known_share, matching_column, other_columns
 from posbias.tagging.readers import read_tagging
 
-from conftest import run_cli
+from helpers import run_cli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tagging"
 CONLL03 = str(FIXTURES / "conll03_style.txt")  # word POS chunk NER

@@ -13,7 +13,7 @@ from posbias.tagging.examples import TaggingDataset, TaggingExample
 from posbias.tagging.features import separator_id, special_tokens
 from posbias.tagging.inputs import tagging_tokenizer
 
-from conftest import run_cli
+from helpers import run_cli
 
 WORDS = {"john": "B-PER", "york": "I-PER", "visited": "O", "london": "B-LOC", "berlin": "B-LOC", "the": "O",
          "city": "O", "said": "O", "she": "O", "went": "O", "to": "O", "new": "B-ORG"}

@@ -13,8 +13,7 @@ from safetensors.torch import load_file
 import posbias
 from posbias.config import build_config, config_from
 
-from conftest import BIN, INTERRUPT, run_cli
-from devices_under_test import CPU_ONLY_ENV
+from helpers import BIN, CPU_ONLY_ENV, INTERRUPT, run_cli
 
 
 

@@ -13,7 +13,7 @@ from posbias.tagging.evaluate import align_labels
 from posbias.tagging.model import generic_label_names, scheme_of_labels
 from posbias.tagging.inputs import read_for
 
-from conftest import SHARED_DATA, run_cli
+from helpers import SHARED_DATA, run_cli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tagging"
 CONLL03 = str(FIXTURES / "conll03_style.txt")  # word POS chunk NER, IOB1

@@ -8,7 +8,7 @@ import torch
 import posbias
 from posbias.config import build_config
 
-from conftest import relative_error
+from helpers import relative_error
 
 # Tiny configs of the paper's encoders (APE: BERT, ELECTRA, ERNIE, RoBERTa, GPT-2; RoPE: RoFormer;
 # ALiBi: BLOOM), each with a tokenizer whose vocabulary it fits.

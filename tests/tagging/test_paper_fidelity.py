@@ -20,7 +20,7 @@ from posbias.tagging.examples import TaggingDataset, TaggingExample
 from posbias.tagging.readers import read_tagging
 from posbias.tagging.inputs import length_pool, read_for, tagging_tokenizer
 
-from conftest import SHARED_DATA, TINY_ENCODER
+from helpers import SHARED_DATA, TINY_ENCODER
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,112 @@
+import pytest
+
+from posbias.api import load_config
+from posbias.config import PRESETS, build_config, parse_overrides
+from posbias.errors import ConfigError
+
+PRESET_FILES = sorted(PRESETS.glob("*.yaml"))
+
+
+def test_presets_exist():
+    assert {p.stem for p in PRESET_FILES} >= {"demo", "tiny", "squad_v1_minilm", "squad_v2_minilm"}
+
+
+@pytest.mark.parametrize("path", PRESET_FILES, ids=lambda p: p.stem)
+def test_every_preset_validates(path):
+    cfg = load_config(str(path))
+    assert cfg.task in ("qa", "tagging")
+    assert load_config(path.stem) == cfg  # by name too
+
+
+def test_overrides_are_parsed_as_yaml():
+    assert parse_overrides(["data.max_seq_len=256", "model.head=independent", "train.max_steps=null"]) == {
+        "data": {"max_seq_len": 256}, "model": {"head": "independent"}, "train": {"max_steps": None}}
+    # YAML 1.1 reads "1e-4" as a string; float fields still accept it.
+    cfg = load_config("tiny", ["train.lr=3e-5", "train.epochs=2"])
+    assert cfg.train.lr == 3e-5 and cfg.train.epochs == 2.0
+
+
+@pytest.mark.parametrize("override, key", [
+    (["train.lrr=1"], "train.lrr"),
+    (["nonsense=1"], "nonsense"),
+    (["data.max_seq_len=abc"], "data.max_seq_len"),
+    (["model.head=nope"], "model.head"),
+    (["data.doc_stride=500"], "data.doc_stride"),
+    (["data.on_bad_record=ignore"], "data.on_bad_record"),
+    (["train.batch_size=0"], "train.batch_size"),
+    (["perturb=[{name: no_such_thing}]"], "perturb[0].name"),
+])
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as e:
+        load_config("tiny", override)
+    assert key in str(e.value)
+
+
+def test_override_needs_equals():
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        parse_overrides(["train.lr"])
+
+
+def test_hash_ignores_output_dir_only():
+    a = build_config({"train": {"output_dir": "x"}})
+    b = build_config({"train": {"output_dir": "y"}})
+    c = build_config({"train": {"output_dir": "y", "seed": 1}})
+    assert a.hash() == b.hash() != c.hash()
+
+
+def test_train_subset_random_draws_per_seed_and_first_keeps_file_order():
+    from posbias.training import train_subset
+
+    items = list(range(100))
+    assert train_subset(items, 10, "first", 1) == list(range(10))
+    a, b = train_subset(items, 10, "random", 1), train_subset(items, 10, "random", 2)
+    assert a == sorted(a) and len(set(a)) == 10 and a != b and a == train_subset(items, 10, "random", 1)
+    assert train_subset(items, None, "random", 1) == items and train_subset(items, 500, "random", 1) == items
+
+
+def test_a_key_at_its_neutral_default_leaves_the_hash_unchanged():
+    """Experiments recorded before `data.train_subset` existed keep their config hashes."""
+    from posbias.config import build_config
+
+    from helpers import tiny_config
+
+    first = build_config(tiny_config())
+    assert "train_subset" in first.to_dict()["data"]
+    d = first.to_dict()
+    del d["data"]["train_subset"]
+    import hashlib
+    import json
+
+    # Keys that never enter the hash (the version of the written form, where a run is written, runs,
+    # reports) and later keys at their neutral defaults.
+    del d["config_version"]
+    for key in ("output_dir", "device", "report_to", "early_stopping_patience", "eval_batch_tokens",
+                "eval_precision"):
+        d["train"].pop(key, None)
+    d["model"].pop("softmax_over_default")  # `context` for every head but DyReF: the value saved configs read
+    d["data"].pop("perturb_default_mode")  # left out of the hash when there are no perturbations
+    assert first.hash() == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    assert build_config(tiny_config(data={"train_subset": "random"})).hash() != first.hash()
+    with pytest.raises(ConfigError, match="data.train_subset"):
+        build_config(tiny_config(data={"train_subset": "shuffled"}))
+
+
+def test_archived_experiment_runs_keep_their_config_hashes():
+    """Every run archived in docs/experiments rebuilds to the hash it was recorded under: keys added
+    since (device, trackers, early stopping, label maps) must not turn recorded runs into 'changed'."""
+    import json
+    import sqlite3
+    from contextlib import closing
+    from pathlib import Path
+
+    from posbias.config import build_config
+
+    dbs = sorted((Path(__file__).resolve().parents[2] / "docs" / "experiments").glob("*/experiment.sqlite"))
+    assert dbs
+    checked = 0
+    for db in dbs:
+        with closing(sqlite3.connect(str(db))) as con:
+            for name, recorded, config_json in con.execute("SELECT name, config_hash, config_json FROM runs"):
+                assert build_config(json.loads(config_json), saved=True).hash() == recorded, f"{db.parent.name}/{name}"
+                checked += 1
+    assert checked >= 50
