@@ -70,7 +70,7 @@ TRAINING = {
 
 def config(head: str, options: dict, **data):
     return build_config({"model": {"name_or_path": "minilm", "head": head, "head_options": options},
-                         "data": {"max_seq_len": 384, "doc_stride": 128, **data}})
+                         "data": {"max_seq_len": 384, "stride": 128, **data}})
 
 
 def dev_examples(n: int):

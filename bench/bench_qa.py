@@ -80,7 +80,7 @@ def hf_recipe(cfg, train_path, dev_path, out: Path, seed: int = SEED) -> dict:
     examples = read_squad(train_path).examples
     d, t = cfg.data, cfg.train
     enc = tok([e.question.lstrip() for e in examples], [e.context for e in examples], truncation="only_second",
-              max_length=d.max_seq_len, stride=d.doc_stride, return_overflowing_tokens=True,
+              max_length=d.max_seq_len, stride=d.stride, return_overflowing_tokens=True,
               return_offsets_mapping=True, padding="max_length")
     starts, ends = [], []
     for i, offsets in enumerate(enc["offset_mapping"]):
@@ -157,7 +157,7 @@ def raw_encoder(cfg, run_dir: Path, n_batches: int) -> dict:
     tok = load_tokenizer(cfg.model)
     examples = read_squad(cfg.data.train_file).examples
     d = cfg.data
-    feats = build_qa_features(examples, tok, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
+    feats = build_qa_features(examples, tok, max_seq_len=d.max_seq_len, doc_stride=d.stride,
                               max_query_len=d.max_query_len, train=True, version=1,
                               label_policy=LABEL_POLICIES.get("first"), seed=cfg.train.seed)
     batches = batch_order(feats.lengths, cfg.train.batch_size, cfg.train.seed, 0)[:n_batches]
@@ -326,7 +326,7 @@ def main():
         return build_config({
             "model": {"name_or_path": "minilm"},
             "data": {"train_file": str(train_path), "eval_file": str(dev_path), "max_seq_len": 384,
-                     "doc_stride": 128},
+                     "stride": 128},
             "train": {"output_dir": str(out / f"posbias-seed{seed}"), "seed": seed, "epochs": 1, "batch_size": 16,
                       "lr": 2e-4, "warmup_ratio": 0.1, "log_every": 1},
         })

@@ -92,7 +92,7 @@ def main(argv=None):
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
     # posbias: SQuAD EM/F1 of the saved HF folder, and where in the context its answers go wrong
-    windows_as_trained = [f"data.max_seq_len={args.max_length}", f"data.doc_stride={args.stride}"]
+    windows_as_trained = [f"data.max_seq_len={args.max_length}", f"data.stride={args.stride}"]
     metrics = posbias.evaluate(args.out, args.dev, task="qa", overrides=windows_as_trained, progress=False)
     posbias.diagnose(args.out, args.dev, f"{args.out}/diagnosis", task="qa", progress=False,
                      overrides=windows_as_trained)

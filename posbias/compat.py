@@ -16,6 +16,11 @@ Policy.
 - **A key that is not part of what a run is** (where it is written, the device, trackers): mark it
   `marks(hash=False)`. `marks(resumable=True)`: it may change when a run resumes from a checkpoint.
   (Numeric fields pass the same keywords to `posbias.config.bounded`.)
+- **A renamed key** (the same setting under a new name): bump the version with a step that renames
+  it in configs posbias wrote (`_rename`), and mark the field `marks(old_name=...)` in the task that
+  used the old name: the hash takes the key under its old name there, so recorded runs keep their
+  hashes, and a user's config or override that still spells the old name is read under the new one
+  with a FutureWarning (`current_names`; both names at once are a ConfigError).
 
 Versions. Every config posbias writes (a checkpoint's `posbias.yaml`, a run's `config.yaml`, an
 experiment's `run_config.yaml` and the configs in its store) carries `config_version` at the top.
@@ -36,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import warnings
 from typing import get_args, get_type_hints
 
 from .errors import ConfigError
@@ -46,12 +52,14 @@ _UNSET = object()
 
 
 def marks(*, hash: bool = True, neutral=_UNSET, omit: bool = False, hash_only_with: str | None = None,
-          resumable: bool = False) -> dict:
+          resumable: bool = False, old_name: str | None = None) -> dict:
     """Dataclass field metadata for the compatibility rules of a config key (module doc):
     `hash=False`: never part of the config hash; `neutral=v`: added later, left out of the hash at
     `v`; `omit=True` (with `neutral`): also left out of the written config at `v`;
     `hash_only_with="perturb"`: part of the hash only while that top-level key is non-empty;
-    `resumable=True`: may change when a run resumes."""
+    `resumable=True`: may change when a run resumes; `old_name="doc_stride"`: the key's name (in
+    the same section) before a step renamed it: the hash takes the key under that name, and a
+    user's config that spells it is read with a FutureWarning (`current_names`)."""
     if omit and neutral is _UNSET:
         raise ValueError("marks(omit=True) needs the neutral value it is omitted at")
     out: dict = {}
@@ -65,6 +73,8 @@ def marks(*, hash: bool = True, neutral=_UNSET, omit: bool = False, hash_only_wi
         out["hash_only_with"] = hash_only_with
     if resumable:
         out["resumable"] = True
+    if old_name:
+        out["old_name"] = old_name
     return out
 
 
@@ -96,8 +106,29 @@ def _v0_to_v1(d: dict, task: str) -> dict:
     return d
 
 
+def _rename(d: dict, section: str, old: str, new: str) -> None:
+    """`d[section][old]` renamed `new`, in place of the old key (so the written order stays); both
+    set is a ConfigError (a section that is not a mapping is left for the config's own check)."""
+    current = d.get(section)
+    if isinstance(current, dict) and old in current:
+        if new in current:
+            raise ConfigError(f"{section}.{old} and {section}.{new} are both set: {section}.{old} is the old "
+                              f"name of {section}.{new}; keep {section}.{new}")
+        d[section] = {(new if k == old else k): v for k, v in current.items()}
+
+
+def _v1_to_v2(d: dict, task: str) -> dict:
+    """One name for the overlap of consecutive windows in every task (issue 45): QA's
+    `data.doc_stride` (Hugging Face run_qa's name) is now `data.stride`, tagging's name and the
+    tokenizer's argument that both pass it to. The same setting: QA's hash keeps the old name
+    (the field's `old_name` mark)."""
+    if task == "qa":
+        _rename(d, "data", "doc_stride", "stride")
+    return d
+
+
 # STEPS[v] brings a config of version v to version v + 1.
-STEPS = (_v0_to_v1,)
+STEPS = (_v0_to_v1, _v1_to_v2)
 CONFIG_VERSION = len(STEPS)
 
 
@@ -127,6 +158,37 @@ def migrate(d: dict, *, task: str, saved: bool = False, source: str | None = Non
     return out
 
 
+def current_names(d: dict, cls, where: str = "") -> dict:
+    """`d` (not modified), a user's config or overrides for config class `cls`, with each key that
+    `cls` marks `old_name` read under its current name, and a FutureWarning naming both (`where`:
+    the file or `override`, first in the message). Configs posbias wrote are renamed by their
+    version's step instead, without a warning. Both names in one mapping: a ConfigError."""
+    out = d
+    for key, old in _marked(cls, "old_name").items():
+        *path, new = key.split(".")
+        section = out
+        for p in path:
+            section = section.get(p) if isinstance(section, dict) else None
+        if not isinstance(section, dict) or old not in section:
+            continue
+        prefix = "".join(f"{p}." for p in path)
+        if new in section:
+            raise ConfigError(f"{where}{prefix}{old} and {prefix}{new} are both set: {prefix}{old} is the old "
+                              f"name of {prefix}{new}; keep {prefix}{new}")
+        warnings.warn(f"{where}{prefix}{old} is deprecated: the old name of {prefix}{new}, read as it; "
+                      f"write {prefix}{new}", FutureWarning, stacklevel=3)
+        out = _renamed(out, path, old, new)
+    return out
+
+
+def _renamed(d: dict, path: list[str], old: str, new: str) -> dict:
+    """A copy of `d` with key `old` of the section at `path` renamed `new` in its place (the
+    sections along `path` copied, the rest shared)."""
+    if not path:
+        return {(new if k == old else k): v for k, v in d.items()}
+    return {**d, path[0]: _renamed(d[path[0]], path[1:], old, new)}
+
+
 # -- the written form and the hash ----------------------------------------------------------------
 
 def written_form(cfg) -> dict:
@@ -139,7 +201,7 @@ def written_form(cfg) -> dict:
 
 def hashed_form(cfg) -> dict:
     """What the config hash is taken of: `cfg.to_dict()` less its version and the fields that are
-    not part of the run (`marks` above)."""
+    not part of the run, a renamed key under its old name (`marks` above)."""
     d = cfg.to_dict()
     d.pop(VERSION_KEY, None)
 
@@ -148,6 +210,7 @@ def hashed_form(cfg) -> dict:
                 or ("hash_only_with" in m and not d.get(m["hash_only_with"])))
 
     _drop(cfg, d, left_out)
+    _old_names(cfg, d)
     return d
 
 
@@ -167,6 +230,19 @@ def _drop(obj, d: dict, rule) -> None:
             del d[f.name]
         elif dataclasses.is_dataclass(value) and isinstance(d[f.name], dict):
             _drop(value, d[f.name], rule)
+
+
+def _old_names(obj, d: dict) -> None:
+    """Rename in `d` (the dict form of dataclass `obj`) each field marked `old_name` to that name,
+    nested sections included."""
+    for f in dataclasses.fields(obj):
+        if f.name not in d:
+            continue
+        value = getattr(obj, f.name)
+        if "old_name" in f.metadata:
+            d[f.metadata["old_name"]] = d.pop(f.name)
+        elif dataclasses.is_dataclass(value) and isinstance(d[f.name], dict):
+            _old_names(value, d[f.name])
 
 
 def _marked(cls, name: str, prefix: str = "") -> dict:

@@ -1,10 +1,12 @@
 """Typed run configuration: YAML presets, `a.b=c` overrides, validation with dotted-key errors."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_type_hints
 
 import yaml
 
@@ -41,6 +43,69 @@ class ModelConfig:
     """`relative_key` (Shaw et al., 2018) or `relative_key_query` (Huang et al., 2020) replaces the
     encoder's absolute position embeddings by relative attention terms, as transformers 4.x's BERT
     defined them (BERT, RoBERTa, ELECTRA, ERNIE); empty keeps the encoder's own positions."""
+
+
+@dataclass
+class DataConfig:
+    """The data keys every task has, each declared here once (its type, range, compatibility marks
+    and docstring). A task's data section subclasses it and adds only its own keys; where a task's
+    default differs, or a key had another name in that task's configs, the subclass says so in its
+    class line (`__init_subclass__`), e.g. `class QADataConfig(DataConfig, defaults={"max_seq_len":
+    384}, old_names={"stride": "doc_stride"})`."""
+
+    train_file: str | list[str] | None = bounded(None, 1)
+    """Training data (QA: SQuAD v1.1/v2.0 JSON or MRQA JSONL; tagging: CoNLL or CoNLL-U; each plain or
+    gzip); a list is read as shards of one set. Bundled slices: `demo:train`, `demo:ewt-train`, ..."""
+    eval_file: str | list[str] | None = bounded(None, 1)
+    """Evaluation data used for periodic evaluation and best-checkpoint selection (a list: shards of
+    one set, as for `train_file`)."""
+    max_seq_len: int = bounded(384, 1)
+    """Tokens per window, special tokens included; a longer input gets sliding windows (default:
+    QA 384, tagging 256)."""
+    stride: int = bounded(128, 0)
+    """Tokens shared by consecutive windows of a long input (the tokenizer's `stride`; default: QA
+    128, tagging 64). QA: context tokens, as Hugging Face's run_qa; tagging: at least this many, the
+    windows starting at word boundaries. QA configs named it `doc_stride` (run_qa's name) before
+    config version 2 (`posbias.compat._v1_to_v2`)."""
+    on_bad_record: str = "error"
+    """`error` stops at the first malformed record (a question, a sentence); `skip` drops it and counts
+    it in the summary."""
+    max_train_examples: int | None = bounded(None, 1)
+    """Use only N training examples (questions, sentences): the first N (file order), or a random draw
+    (`train_subset`)."""
+    train_subset: str = field(default="first", metadata=marks(neutral="first"))
+    """How `max_train_examples` picks: `first` (file order) or `random` (a draw seeded by train.seed:
+    each seed its own subset, the same for every method; few-shot experiments)."""
+    max_eval_examples: int | None = bounded(None, 1)
+    """Use only the first N evaluation examples (file order)."""
+    perturb_default_mode: str = field(default="paper", metadata=marks(neutral="replace", hash_only_with="perturb"))
+    """Mode of a `perturb` entry that sets none: `paper` (each perturbation's paper, or where it is
+    silent its authors' code: `replace` for Random Padding, `augment` = clean + perturbed pass for
+    RPP and Context Perturbation), `replace` or `augment` for all. Configs saved before the key read
+    as `replace` (`posbias.compat._v0_to_v1`); not part of the hash at `replace` or without
+    perturbations."""
+
+    def __init_subclass__(cls, *, defaults: dict | None = None, old_names: dict | None = None, **kwargs):
+        """`defaults`: the task's own default of shared keys; `old_names`: the name a shared key had
+        in the task's configs before a rename (`posbias.compat.marks(old_name=...)`). Each such key
+        stays declared here: the subclass gets a copy of its field with that default or mark."""
+        super().__init_subclass__(**kwargs)
+        shared, hints = {f.name: f for f in dataclasses.fields(DataConfig)}, get_type_hints(DataConfig)
+        own = cls.__dict__.get("__annotations__")
+        if own is None:
+            own = {}
+            cls.__annotations__ = own
+        defaults, old_names = defaults or {}, old_names or {}
+        for name in {**defaults, **old_names}:
+            if name not in shared or name in own:
+                raise TypeError(f"{cls.__name__}: {name!r} is " + (
+                    "not a DataConfig key" if name not in shared else "declared in DataConfig: not again here"))
+            f = shared[name]
+            default = defaults.get(name, f.default)
+            metadata = {**f.metadata, **marks(old_name=old_names.get(name))}
+            own[name] = hints[name]
+            setattr(cls, name, field(default=default, default_factory=dataclasses.MISSING if name in defaults
+                                     else f.default_factory, metadata=metadata))
 
 
 @dataclass
@@ -109,8 +174,8 @@ class TrainConfig:
 
 class RunConfig:
     """What every task's run config has (`posbias.qa.config.QAConfig`, `posbias.tagging.config.
-    TaggingConfig`): `task`, `model`, `data` (with train_file, eval_file, max_seq_len, on_bad_record,
-    max_train_examples, max_eval_examples), `train` and `perturb`. A mixin for the dataclasses."""
+    TaggingConfig`): `task`, `model` (a ModelConfig), `data` (a DataConfig), `train` (a TrainConfig)
+    and `perturb`. A mixin for the dataclasses."""
 
     def to_dict(self) -> dict:
         """The config as posbias writes it: `config_version` first, then every section (less the keys
@@ -223,18 +288,31 @@ def build_config(d: dict | None = None, overrides: list[str] | dict | None = Non
     if not isinstance(task, str):
         raise ConfigError(f"task must be a string, got {task!r}")
     d = compat.migrate(d, task=task, saved=saved, source=source)
+    d = current_names(d, task, f"{source}: " if source else "")
     if overrides:
         extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
         if compat.VERSION_KEY in extra:
             raise ConfigError(f"override {compat.VERSION_KEY}: not a setting (the version of the config "
                               "file it is written in)")
-        d = deep_merge(d, extra)
+        d = deep_merge(d, current_names(extra, extra.get("task", task), "override "))
     task = d.get("task", "qa")
     if not isinstance(task, str):
         raise ConfigError(f"task must be a string, got {task!r}")
     cfg = _from_dict(TASKS.get(task, "task").config_class, d)
     validate(cfg)
     return cfg
+
+
+def current_names(d: dict, task, where: str = "") -> dict:
+    """`d` (not modified), a user's config or overrides of a `task` run, with the old names of
+    renamed keys (`data.doc_stride` in QA) read as the current ones, each with a FutureWarning
+    (`posbias.compat.current_names`; `where` starts the message). Apply it to each mapping before
+    merging them, so that a later mapping's old name overrides an earlier one's new name."""
+    try:
+        cls = TASKS.get(task, "task")
+    except (ConfigError, TypeError):  # an unknown task is named where the config class is looked up
+        return d
+    return compat.current_names(d, cls.config_class, where)
 
 
 def load_config(path=None, overrides: list[str] | dict | None = None, *, saved: bool = False) -> RunConfig:
@@ -284,6 +362,7 @@ def validate(cfg: RunConfig) -> None:
     choice(m.position_embedding_type, [None, "absolute", "relative_key", "relative_key_query"],
             "model.position_embedding_type")
     choice(d.on_bad_record, ["error", "skip"], "data.on_bad_record")
+    choice(d.train_subset, ["first", "random"], "data.train_subset")
     choice(t.mixed_precision, ["no", "bf16", "fp16", "auto"], "train.mixed_precision")
     choice(t.eval_precision, ["fp32", "bf16", "fp16", "auto"], "train.eval_precision")
     check_device_spec(t.device, "train.device")

@@ -27,7 +27,7 @@ MINILM = {"model_type": "bert", "hidden_size": 384, "num_hidden_layers": 6, "num
 
 def run_group(n: int, args, out: Path) -> dict:
     cfg = {"model": {"name_or_path": None, "tokenizer": args.tokenizer, "encoder": MINILM},
-           "data": {"train_file": args.data, "eval_file": None, "max_seq_len": 384, "doc_stride": 128,
+           "data": {"train_file": args.data, "eval_file": None, "max_seq_len": 384, "stride": 128,
                     "unanswerable_windows": "cls"},
            "train": {"max_steps": args.steps, "batch_size": 16, "lr": 1e-4, "log_every": args.log_every,
                      "device": args.device, "mixed_precision": args.precision},

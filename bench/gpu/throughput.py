@@ -206,7 +206,7 @@ class Setup:
         return {
             "model": model,
             "data": {"train_file": DEMO_TRAIN, "eval_file": None, "max_seq_len": self.max_seq_len,
-                     "doc_stride": self.doc_stride, "max_train_examples": self.n_train},
+                     "stride": self.doc_stride, "max_train_examples": self.n_train},
             "train": {"output_dir": str(out_dir), "max_steps": steps, "batch_size": self.batch, "lr": self.lr,
                       "warmup_ratio": 0.0, "weight_decay": 0.0, "max_grad_norm": 1.0, "seed": SEED,
                       "log_every": self.args.chunk, "mixed_precision": mixed, "device": self.args.device,

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.stats import mean_std, paired_bootstrap, paired_bootstrap_ratio, paired_ttest
+from .. import compat
 from ..config import build_config, load_yaml
 from ..errors import ConfigError
 from ..registry import SEGMENTERS
@@ -162,10 +163,12 @@ def gold_segment_labels(results: dict) -> dict:
     present = {(s["run"], s["eval_set"], s["segmenter"]) for s in results["segments"]}
     out, cache, examples = {}, {}, {}
     for run in (r for r in results["runs"] if r["status"] == "finished"):
+        # The recorded config as today's keys (`data.stride` was `data.doc_stride` before version 2).
         cfg = json.loads(run["config_json"])
+        cfg = compat.migrate(cfg, task=cfg.get("task", "qa"), saved=True)
         d = cfg["data"]
         setting = json.dumps([cfg["model"]["name_or_path"], cfg["model"].get("tokenizer"), d["max_seq_len"],
-                              d["doc_stride"], d["max_query_len"], d.get("context_first")])
+                              d["stride"], d["max_query_len"], d.get("context_first")])
         for eval_set in run["metrics"]:
             for label, name, opts in specs:
                 if (run["name"], eval_set, label) not in present:

@@ -26,7 +26,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from .. import outputs
-from ..config import RunConfig, build_config, deep_merge, load_yaml, parse_overrides, preset_path
+from ..config import RunConfig, build_config, current_names, deep_merge, load_yaml, parse_overrides, preset_path
 from ..errors import ConfigError, did_you_mean
 from ..registry import SEGMENTERS
 
@@ -140,7 +140,11 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
         base = load_yaml(candidate if candidate.is_file() else preset_path(base))
     elif not isinstance(base, dict):
         raise ConfigError(f"experiment spec: base must be a preset, a path or a mapping, got {base!r}")
-    base = deep_merge(base, _as_overrides(spec.get("overrides"), "overrides"))
+    # Each part's old key names (`data.doc_stride`) are read as today's before the parts are merged,
+    # so that a later part's old name overrides an earlier one's new name (`config.current_names`).
+    task, where = base.get("task", "qa"), f"{spec_path}: " if spec_path else ""
+    base = deep_merge(current_names(base, task, f"{where}base: "),
+                      current_names(_as_overrides(spec.get("overrides"), "overrides"), task, f"{where}overrides."))
     out = Path(output_dir or spec.get("output_dir") or f"runs/experiments/{spec['name']}")
 
     exclude = spec.get("exclude") or []
@@ -170,8 +174,10 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
                     name = _run_name(ds_name, size, method, seed)
                     if any(fnmatchcase(name, p) for p in exclude):
                         continue
-                    d = deep_merge(base, _as_overrides(ds_over, f"datasets.{ds_name}"))
-                    d = deep_merge(d, _as_overrides(m_over, f"methods.{method}"))
+                    d = deep_merge(base, current_names(_as_overrides(ds_over, f"datasets.{ds_name}"), task,
+                                                       f"{where}datasets.{ds_name}."))
+                    d = deep_merge(d, current_names(_as_overrides(m_over, f"methods.{method}"), task,
+                                                    f"{where}methods.{method}."))
                     run_dir = out / "runs" / name
                     outputs.inside(out, run_dir, f"experiment run {name}")
                     extra = {"train": {"seed": seed, "output_dir": str(run_dir)}}

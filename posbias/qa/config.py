@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..compat import marks
-from ..config import ModelConfig, RunConfig, TrainConfig, _from_dict, bounded, choice
+from ..config import DataConfig, ModelConfig, RunConfig, TrainConfig, _from_dict, bounded, choice
 from ..errors import ConfigError
 
 
@@ -37,17 +37,12 @@ class QAModelConfig(ModelConfig):
 
 
 @dataclass
-class QADataConfig:
-    train_file: str | list[str] | None = bounded(None, 1)
-    """SQuAD v1.1/v2.0 JSON(.gz) or MRQA JSONL(.gz); `demo:train` / `demo:dev` are the bundled slice."""
-    eval_file: str | None = bounded(None, 1)
-    """Evaluation file used for periodic evaluation and best-checkpoint selection."""
+class QADataConfig(DataConfig, defaults={"max_seq_len": 384, "stride": 128}, old_names={"stride": "doc_stride"}):
+    """The data section of a QA run: the shared keys (`posbias.config.DataConfig`; `stride` was
+    `doc_stride` before config version 2), and the questions' own."""
+
     version: str = "auto"
     """`1` (every question answerable), `2` (SQuAD v2 null answers) or `auto` (from the train file)."""
-    max_seq_len: int = bounded(384, 1)
-    """Tokens per window, special tokens included."""
-    doc_stride: int = bounded(128, 0)
-    """Context tokens shared by consecutive windows of a long context (HF `stride`)."""
     max_query_len: int = bounded(64, 1)
     """Questions longer than this many tokens are cut (and counted in the run summary)."""
     context_first: str = "auto"
@@ -60,20 +55,6 @@ class QADataConfig:
     pre-processing, which the Random Padding paper follows, §2.2 and App. B.2; [CLS] then joins
     the training softmax, and a v1 model still answers with a context span); `drop` leaves them
     out; `auto` (the default before issue 29, kept in saved configs) = `cls` for v2, `drop` for v1."""
-    on_bad_record: str = "error"
-    """`error` stops at the first malformed record; `skip` drops it and counts it in the summary."""
-    max_train_examples: int | None = bounded(None, 1)
-    """Use only N training questions: the first N (file order), or a random draw (`train_subset`)."""
-    train_subset: str = field(default="first", metadata=marks(neutral="first"))
-    """How `max_train_examples` picks: `first` (file order) or `random` (a draw seeded by train.seed:
-    each seed its own subset, the same for every method; few-shot experiments)."""
-    max_eval_examples: int | None = bounded(None, 1)
-    """Use only the first N evaluation questions (file order)."""
-    perturb_default_mode: str = field(default="paper", metadata=marks(neutral="replace", hash_only_with="perturb"))
-    """Mode of a `perturb` entry that sets none: `paper` (each perturbation's paper, or where it is
-    silent its authors' code: `replace` for Random Padding, `augment` = clean + perturbed pass for
-    RPP), `replace` or `augment` for all. Configs saved before the key read as `replace`
-    (`posbias.compat._v0_to_v1`); not part of the hash at `replace` or without perturbations."""
 
 
 @dataclass
@@ -164,15 +145,14 @@ class QAConfig(RunConfig):
             check_config(self.train.debias, self.model.head)
         LABEL_POLICIES.get(d.label_policy, "data.label_policy")
         choice(d.version, ["auto", "1", "2", "1.1", "2.0"], "data.version")
-        choice(d.train_subset, ["first", "random"], "data.train_subset")
         choice(d.context_first, ["auto", "true", "false"], "data.context_first")
         choice(d.unanswerable_windows, ["cls", "drop", "auto"], "data.unanswerable_windows")
         # A window holds [CLS] q [SEP] c [SEP] (4 specials for RoBERTa-style pairs): the context part
         # must be longer than the stride or the tokenizer cannot make progress.
         room = d.max_seq_len - d.max_query_len - 4
-        if room <= d.doc_stride:
+        if room <= d.stride:
             raise ConfigError(
-                f"data.doc_stride ({d.doc_stride}) must be < data.max_seq_len - data.max_query_len - 4 "
+                f"data.stride ({d.stride}) must be < data.max_seq_len - data.max_query_len - 4 "
                 f"({room}): each window needs context tokens beyond the overlap")
 
 

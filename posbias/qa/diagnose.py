@@ -243,7 +243,7 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
     version = "2.0" if ds.has_impossible else "1.1"
     scores = M.per_question(ds.gold(), preds, version=version)
     d = cfg.data
-    mentions = gold_mention_positions(ds.examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
+    mentions = gold_mention_positions(ds.examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.stride,
                                       max_query_len=d.max_query_len, context_first=d.context_first)
     starts = {q: min(p) for q, p in mentions.items() if p}
     gold_quartiles = quartile_labels(starts, d.max_seq_len)
@@ -254,7 +254,7 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
                                          scores),
     }
     # S_X (§6.1): a mention in the front X tokens of any window, not only of the first holding it.
-    every = gold_mention_positions(ds.examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
+    every = gold_mention_positions(ds.examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.stride,
                                    max_query_len=d.max_query_len, context_first=d.context_first, windows="every")
     for x in xs:
         tables[f"first_x_tokens(x={x})"] = _table(first_x_labels(every, int(x)), scores)
@@ -271,8 +271,8 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
         plots.append(plot_position_updates(json.loads((run_dir / "position_updates.json").read_text(encoding="utf-8")),
                                            out / "position_updates.png"))
     title = f"Position diagnosis of {model} on {data_name}"
-    intro = [f"{result['total']} questions, {result['windows']} windows (max_seq_len {d.max_seq_len}, doc_stride "
-             f"{d.doc_stride}): EM {result.get('exact_match', result.get('exact')):.2f}, "
+    intro = [f"{result['total']} questions, {result['windows']} windows (max_seq_len {d.max_seq_len}, stride "
+             f"{d.stride}): EM {result.get('exact_match', result.get('exact')):.2f}, "
              f"F1 {result['f1']:.2f}. Data file: {ds.path}.",
              "Positions are token indices in the input window ([CLS] = 0). Gold: the earliest gold mention "
              "(in the first window holding it). Predicted: the start of the predicted answer (the paper's Table 1). "

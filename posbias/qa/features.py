@@ -315,7 +315,7 @@ def build_qa_features(
         stats["examples_without_answer_window"] = len(examples) - len(holds)
         # v1 windows all labelled [CLS] would train a model that never sees an answer span.
         if not ids or (version == 1 and not holds):
-            raise DataError(source, None, "no training window contains its answer; check max_seq_len/doc_stride")
+            raise DataError(source, None, "no training window contains its answer; check data.max_seq_len/data.stride")
     return QAFeatures(
         input_ids=ids, token_type_ids=types if has_types else None, offsets=offs, max_context=max_ctx,
         cls_index=np.array(cls_idx, dtype=np.int64), example_index=ex_idx_arr,

@@ -93,7 +93,7 @@ def gold_position_quartile(examples, eval_dir, checkpoint, **options):
     """Quarter of the input window where the earliest gold mention starts."""
     tokenizer, cfg = _checkpoint_setup(checkpoint)
     d = cfg.data
-    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
+    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.stride,
                                       max_query_len=d.max_query_len, context_first=d.context_first)
     return quartile_labels({q: min(p) if p else None for q, p in mentions.items()}, d.max_seq_len)
 
@@ -112,7 +112,7 @@ def first_x_tokens(examples, eval_dir, checkpoint, x: int = 100, **options):
     """S_X^(1) / S_X^(2) of App. C, X in tokens of the input window."""
     tokenizer, cfg = _checkpoint_setup(checkpoint)
     d = cfg.data
-    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.doc_stride,
+    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.stride,
                                       max_query_len=d.max_query_len, context_first=d.context_first,
                                       windows="every")
     return first_x_labels(mentions, int(x))

@@ -4,17 +4,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..compat import marks
-from ..config import ModelConfig, RunConfig, TrainConfig, bounded, choice
+from ..config import DataConfig, ModelConfig, RunConfig, TrainConfig, bounded, choice
 from ..errors import ConfigError, did_you_mean
 
 
 @dataclass
-class TaggingDataConfig:
-    train_file: str | list[str] | None = bounded(None, 1)
-    """CoNLL (CoNLL-2003, WNUT-17, any column layout) or CoNLL-U file(s), plain or gzip; a list is
-    read as shards of one set."""
-    eval_file: str | list[str] | None = bounded(None, 1)
-    """Evaluation file used for periodic evaluation and best-checkpoint selection."""
+class TaggingDataConfig(DataConfig, defaults={"max_seq_len": 256, "stride": 64}):
+    """The data section of a tagging run: the shared keys (`posbias.config.DataConfig`), and how the
+    files are read, labelled and cut."""
+
     format: str = "auto"
     """`conll`, `conllu`, or `auto` (CoNLL-U by suffix or by its 10 tab-separated columns)."""
     tag: str = "upos"
@@ -35,12 +33,6 @@ class TaggingDataConfig:
     label_subtokens: str = "first"
     """`first`: a word's label sits on its first sub-token (the others carry no loss), and its
     prediction is read there; `all`: continuation sub-tokens are trained too (B-X -> I-X on them)."""
-    max_seq_len: int = bounded(256, 1)
-    """Tokens per window, special tokens included; longer sentences get sliding windows."""
-    stride: int = bounded(64, 0)
-    """At least this many tokens of context shared by consecutive windows of a long sentence."""
-    on_bad_record: str = "error"
-    """`error` stops at the first malformed sentence; `skip` drops it and counts it in the summary."""
     length_quantiles: list | None = None  # checked whole in validate (a pair in [0, 1])
     """D* of the token-positional-bias paper (§3.2): `[0.25, 0.75]` (the paper's Q1, Q3; the authors'
     code used `[0.15, 0.75]`) keeps only the sentences whose word length lies between these
@@ -56,19 +48,6 @@ class TaggingDataConfig:
     """The files whose sentence lengths `length_pool: pooled` pools: null = the run's `train_file`
     and `eval_file` (and, for a model without them, the file being cut). The authors pooled train,
     dev and test: list all three for their bounds (CoNLL-2003 at [0.15, 0.75]: 4 to 22 words)."""
-    max_train_examples: int | None = bounded(None, 1)
-    """Use only N training sentences: the first N (file order), or a random draw (`train_subset`)."""
-    train_subset: str = field(default="first", metadata=marks(neutral="first"))
-    """How `max_train_examples` picks: `first` (file order) or `random` (a draw seeded by train.seed:
-    each seed its own subset, the same for every method; few-shot experiments)."""
-    max_eval_examples: int | None = bounded(None, 1)
-    """Use only the first N evaluation sentences (file order)."""
-    perturb_default_mode: str = field(default="paper", metadata=marks(neutral="replace", hash_only_with="perturb"))
-    """Mode of a `perturb` entry that sets none: `paper` (each perturbation's paper, or where it is
-    silent its authors' code: `augment` = clean + perturbed pass for RPP and Context Perturbation,
-    `replace` for Random Padding), `replace` or `augment` for all. Configs saved before the key read
-    as `replace` (`posbias.compat._v0_to_v1`); not part of the hash at `replace` or without
-    perturbations."""
     tags_column: str | None = field(default=None, metadata=marks(neutral=None))
     """The tag column of a `datasets.Dataset` given as data (default: the first of ner_tags, tags,
     labels, upos, pos_tags, xpos it has)."""
@@ -105,7 +84,6 @@ class TaggingConfig(RunConfig):
             raise ConfigError(f"model.head_options: unknown option {unknown[0]!r} for the linear token head"
                               + (did_you_mean(unknown[0], ["dropout"], prefix="model.head_options.") or " (dropout)"))
         choice(d.format, ["auto", "conll", "conllu"], "data.format")
-        choice(d.train_subset, ["first", "random"], "data.train_subset")
         choice(d.tag, ["upos", "xpos"], "data.tag")
         choice(d.scheme, ["auto", "iob1", "iob2", "bioes", "none"], "data.scheme")
         if d.label_scheme == "iobes":  # seqeval's name for BIOES

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from posbias import compat
-from posbias.compat import CONFIG_VERSION, STEPS, _v0_to_v1, config_version
-from posbias.config import PRESETS, build_config, load_config, save_config
+from posbias.compat import CONFIG_VERSION, STEPS, _v0_to_v1, _v1_to_v2, config_version
+from posbias.config import PRESETS, build_config, config_from, load_config, save_config
 from posbias.errors import ConfigError
 from posbias.perturb import perturbations_by_mode
 from posbias.qa.config import QAConfig
@@ -34,6 +34,8 @@ QA = {"model": {"name_or_path": None, "tokenizer": "tiny", "encoder": ENCODER},
 TAGGING = {"task": "tagging", "model": {"name_or_path": None, "tokenizer": "tiny", "encoder": ENCODER},
            "data": {"train_file": "demo:wnut-train", "eval_file": "demo:wnut-dev", "max_seq_len": 64, "stride": 16},
            "train": {"max_steps": 3, "output_dir": "runs/frozen"}}
+# QA as configs say it since config version 2: `data.stride` (QA's `data.doc_stride` before).
+QA_NOW = {**QA, "data": {("stride" if k == "doc_stride" else k): v for k, v in QA["data"].items()}}
 RPP, CP, RP = {"name": "rpp"}, {"name": "context_perturbation"}, {"name": "random_padding"}
 
 
@@ -90,6 +92,10 @@ CASES = {
     "tagging/rpp-augment": (with_(TAGGING, perturb=[RPP], data={"perturb_default_mode": "augment"}), False),
     "tagging/not-part-of-the-run": (with_(TAGGING, train={"device": "cpu", "report_to": "tensorboard",
                                                           "eval_batch_tokens": 1024}), False),
+    # Version 2 renamed QA's data.doc_stride (the name above) data.stride: the same run, the same hash.
+    "qa/stride": (QA_NOW, False),
+    "qa/stride-v2-saved": (with_(QA_NOW, config_version=2), True),
+    "qa/doc_stride-v1-saved": (with_(QA, config_version=1), True),
 }
 FROZEN = {
     'qa': '84b513aaa8bdad68',
@@ -129,6 +135,9 @@ FROZEN = {
     'tagging/cp-rpp-saved': '063f5e23fe224331',
     'tagging/rpp-augment': '62cd4b80ae6a9d57',
     'tagging/not-part-of-the-run': '2b94ced0d890f7ef',
+    'qa/stride': '84b513aaa8bdad68',
+    'qa/stride-v2-saved': '84b513aaa8bdad68',
+    'qa/doc_stride-v1-saved': '84b513aaa8bdad68',
 }
 # Bundled presets, read as a user's configs.
 FROZEN_PRESETS = {
@@ -180,6 +189,11 @@ SKIPPED = {
 }
 
 
+# The frozen inputs spell QA's stride as recorded runs did (data.doc_stride): read with a FutureWarning.
+OLD_STRIDE_NAME = "ignore:.*data.doc_stride is deprecated:FutureWarning"
+
+
+@pytest.mark.filterwarnings(OLD_STRIDE_NAME)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_hash_of_every_config_is_the_one_before_versions(name):
     d, saved = CASES[name]
@@ -197,12 +211,14 @@ def _grid_digest(spec) -> str:
     return hashlib.sha256("\n".join(f"{r.name} {r.config_hash}" for r in exp.runs).encode()).hexdigest()[:16]
 
 
+@pytest.mark.filterwarnings(OLD_STRIDE_NAME)
 def test_every_experiment_spec_builds_the_same_run_hashes():
     specs = {f"experiments/{p.stem}": p for p in sorted((PRESETS / "experiments").glob("*.yaml"))}
     specs |= {f"archived/{p.parent.name}": p for p in sorted(ARCHIVED.glob("*/experiment.yaml"))}
     assert {name: _grid_digest(p) for name, p in specs.items()} == FROZEN_GRIDS
 
 
+@pytest.mark.filterwarnings(OLD_STRIDE_NAME)
 def test_experiment_run_still_skips_the_archived_finished_runs():
     """What `experiment run` decides per run (`run_status`: finished under the same hash = skipped),
     on each archived store, read-only."""
@@ -239,11 +255,11 @@ def test_the_marks_declare_what_the_old_tables_listed():
 
 
 def test_omitted_keys_stay_out_of_the_written_config_at_their_neutral_value():
-    off = build_config(QA).to_dict()
+    off = build_config(QA_NOW).to_dict()
     assert "debias" not in off["train"]
-    on = build_config(with_(QA, train={"debias": {"method": "bias_product"}})).to_dict()["train"]["debias"]
+    on = build_config(with_(QA_NOW, train={"debias": {"method": "bias_product"}})).to_dict()["train"]["debias"]
     assert on["method"] == "bias_product" and "prior" not in on and "bias_term" not in on
-    sentence = build_config(with_(QA, train={"debias": {"method": "bias_product", "prior": "sentence"}}))
+    sentence = build_config(with_(QA_NOW, train={"debias": {"method": "bias_product", "prior": "sentence"}}))
     assert sentence.to_dict()["train"]["debias"]["prior"] == "sentence"
     with pytest.raises(ValueError, match="neutral"):
         compat.marks(omit=True)
@@ -276,6 +292,86 @@ def test_v0_to_v1():
     assert _v0_to_v1({"data": {}}, "other") == {"data": {}}
 
 
+def test_v1_to_v2():
+    """QA's data.doc_stride is renamed data.stride in its place (the written order stays); tagging
+    (always `stride`) and other tasks are left alone; both names at once are refused."""
+    qa = {"task": "qa", "data": {"max_seq_len": 128, "doc_stride": 48, "max_query_len": 32}}
+    out = _v1_to_v2(dict(qa), "qa")
+    assert out == {"task": "qa", "data": {"max_seq_len": 128, "stride": 48, "max_query_len": 32}}
+    assert list(out["data"]) == ["max_seq_len", "stride", "max_query_len"]
+    assert qa["data"] == {"max_seq_len": 128, "doc_stride": 48, "max_query_len": 32}  # copied, not changed
+    assert _v1_to_v2({"data": {"stride": 48}}, "qa") == {"data": {"stride": 48}}
+    assert _v1_to_v2({}, "qa") == {} and _v1_to_v2({"data": None}, "qa") == {"data": None}
+    assert _v1_to_v2({"data": {"doc_stride": 1}}, "tagging") == {"data": {"doc_stride": 1}}  # not tagging's key
+    with pytest.raises(ConfigError, match=r"^data.doc_stride and data.stride are both set: .*keep data.stride$"):
+        _v1_to_v2({"data": {"doc_stride": 48, "stride": 64}}, "qa")
+
+
+def test_the_old_stride_name_in_a_saved_config_is_renamed_without_a_warning(tmp_path):
+    """A checkpoint's posbias.yaml of version 0 or 1 says data.doc_stride: read as data.stride, the
+    same hash, no warning (the user did not write it); written again it says stride, version 2."""
+    import warnings
+
+    for version in (None, 1):
+        d = QA if version is None else with_(QA, config_version=version)
+        (tmp_path / "posbias.yaml").write_text(yaml.safe_dump(d), encoding="utf-8")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            cfg = load_config(tmp_path / "posbias.yaml", saved=True)
+        assert cfg.data.stride == 48 and cfg.hash() == FROZEN["qa"]
+        written = cfg.to_dict()
+        assert written["config_version"] == CONFIG_VERSION == 2
+        assert written["data"]["stride"] == 48 and "doc_stride" not in written["data"]
+
+
+def test_the_old_stride_name_in_a_users_config_is_read_with_a_warning(tmp_path):
+    """A user's YAML or override that still says data.doc_stride: read as data.stride with a
+    FutureWarning naming both (and the file); the hash is the one recorded runs have. An override
+    with the old name beats the preset's new one; both names in one mapping are a ConfigError."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(QA), encoding="utf-8")
+    with pytest.warns(FutureWarning, match=rf"^{path}: data.doc_stride is deprecated: the old name of "
+                                           r"data.stride, read as it; write data.stride$"):
+        cfg = load_config(path)
+    assert cfg.data.stride == 48 and cfg.hash() == build_config(QA_NOW).hash() == FROZEN["qa"]
+    with pytest.warns(FutureWarning, match=r"^override data.doc_stride is deprecated"):
+        over = config_from("tiny", ["data.doc_stride=32"])
+    assert over.data.stride == 32 and config_from("tiny").data.stride == 64  # the preset says stride: 64
+    assert over == config_from("tiny", ["data.stride=32"])
+    with pytest.raises(ConfigError, match=r"^data.doc_stride and data.stride are both set: data.doc_stride is "
+                                          r"the old name of data.stride; keep data.stride$"):
+        build_config(with_(QA, data={"stride": 64}))
+    with pytest.raises(ConfigError, match="^unknown config key data.doc_stride"):  # tagging never had it
+        build_config(with_(TAGGING, data={"doc_stride": 16}))
+
+
+def test_the_old_stride_name_in_an_experiment_spec_overrides_its_base(tmp_path):
+    """An experiment spec's parts are read under today's names before they are merged: an archived
+    spec's `overrides: {data: {doc_stride: 96}}` over `base: demo` (now `stride: 128`) gives 96."""
+    from posbias.experiment import load_experiment
+
+    spec = {"name": "s", "base": "demo", "methods": {"a": {}, "b": {"data": {"doc_stride": 32}}}, "seeds": [1],
+            "overrides": {"data": {"max_seq_len": 256, "doc_stride": 96}}}
+    with pytest.warns(FutureWarning) as caught:
+        exp = load_experiment(spec, output_dir=str(tmp_path))
+    assert {str(w.message).split(" is deprecated")[0] for w in caught} == {"overrides.data.doc_stride",
+                                                                           "methods.b.data.doc_stride"}
+    assert [r.config.data.stride for r in exp.runs] == [96, 32]
+    now = load_experiment({**spec, "overrides": {"data": {"max_seq_len": 256, "stride": 96}}, "methods": {"a": {}}},
+                          output_dir=str(tmp_path))
+    assert exp.runs[0].config_hash == now.runs[0].config_hash
+
+
+def test_a_renamed_key_enters_the_hash_under_its_old_name():
+    """The `old_name` mark: QA's hash sees data.doc_stride, as before version 2; tagging's data.stride."""
+    assert compat._marked(QAConfig, "old_name") == {"data.stride": "doc_stride"}
+    assert compat._marked(TaggingConfig, "old_name") == {}
+    qa, tagging = compat.hashed_form(build_config(QA_NOW)), compat.hashed_form(build_config(TAGGING))
+    assert qa["data"]["doc_stride"] == 48 and "stride" not in qa["data"]
+    assert tagging["data"]["stride"] == 16 and "doc_stride" not in tagging["data"]
+    assert build_config(QA_NOW).to_dict()["data"]["stride"] == 48  # written under the new name
+
+
 def test_the_version_of_a_config_without_one_depends_on_who_wrote_it():
     assert config_version({}, saved=True) == 0  # a checkpoint's, a recorded run's: before versions
     assert config_version({}, saved=False) == CONFIG_VERSION  # a user's own: users write no versions
@@ -300,13 +396,13 @@ def test_a_newer_or_bad_version_is_one_line_naming_the_file_and_the_key(tmp_path
         with pytest.raises(ConfigError, match=rf"^{path}: config_version must be a whole number from 0 to "):
             load_config(path)
     with pytest.raises(ConfigError, match="^override config_version: not a setting"):
-        build_config(QA, ["config_version=0"])
+        build_config(QA_NOW, ["config_version=0"])
 
 
 def test_configs_posbias_writes_carry_the_version_and_read_back_unchanged(tmp_path):
     """save_config writes `config_version` first; read back as a saved config (a checkpoint's), a
     config written today is not migrated: a DyReF run keeps `all`, an RPP run `paper` (augment)."""
-    for d in (with_(QA, model={"head": "dynamic_query"}, perturb=[RPP]),
+    for d in (with_(QA_NOW, model={"head": "dynamic_query"}, perturb=[RPP]),
               with_(TAGGING, data={"length_quantiles": [0.25, 0.75]}, perturb=[RPP])):
         cfg = build_config(d)
         save_config(cfg, tmp_path / "posbias.yaml")
@@ -324,7 +420,7 @@ def test_resuming_allows_the_resumable_keys_only(tmp_path):
     """training._check_resume reads the fields marked `resumable` (was RESUMABLE_CHANGES)."""
     from posbias.training import _check_resume
 
-    for base in (QA, TAGGING):
+    for base in (QA_NOW, TAGGING):
         cfg = build_config(base)
         save_config(cfg, tmp_path / "posbias.yaml")
         _check_resume(build_config(base, ["train.epochs=3", "train.output_dir=elsewhere", "train.device=cpu",
@@ -336,6 +432,7 @@ def test_resuming_allows_the_resumable_keys_only(tmp_path):
 
 # -- old checkpoints ------------------------------------------------------------------------------
 
+@pytest.mark.filterwarnings(OLD_STRIDE_NAME)
 def test_an_old_qa_checkpoint_loads_with_its_old_behaviour(tokenizer, tmp_path):
     """A checkpoint whose posbias.yaml predates versions (the fixture) keeps the context-only DyReF
     softmax and replace-mode perturbations, and its hash; the same YAML as a user's config is today's."""

@@ -31,7 +31,7 @@ def test_overrides_are_parsed_as_yaml():
     (["nonsense=1"], "nonsense"),
     (["data.max_seq_len=abc"], "data.max_seq_len"),
     (["model.head=nope"], "model.head"),
-    (["data.doc_stride=500"], "data.doc_stride"),
+    (["data.stride=500"], "data.stride"),
     (["data.on_bad_record=ignore"], "data.on_bad_record"),
     (["train.batch_size=0"], "train.batch_size"),
     (["perturb=[{name: no_such_thing}]"], "perturb[0].name"),
@@ -85,6 +85,7 @@ def test_a_key_at_its_neutral_default_leaves_the_hash_unchanged():
         d["train"].pop(key, None)
     d["model"].pop("softmax_over_default")  # `context` for every head but DyReF: the value saved configs read
     d["data"].pop("perturb_default_mode")  # left out of the hash when there are no perturbations
+    d["data"]["doc_stride"] = d["data"].pop("stride")  # QA's hash keeps the name before config version 2
     assert first.hash() == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
     assert build_config(tiny_config(data={"train_subset": "random"})).hash() != first.hash()
     with pytest.raises(ConfigError, match="data.train_subset"):
@@ -110,3 +111,66 @@ def test_archived_experiment_runs_keep_their_config_hashes():
                 assert build_config(json.loads(config_json), saved=True).hash() == recorded, f"{db.parent.name}/{name}"
                 checked += 1
     assert checked >= 50
+
+
+SHARED_DATA_KEYS = {"train_file", "eval_file", "max_seq_len", "stride", "on_bad_record", "max_train_examples",
+                    "train_subset", "max_eval_examples", "perturb_default_mode"}
+
+
+@pytest.mark.parametrize("task, defaults", [("qa", {"max_seq_len": 384, "stride": 128}),
+                                            ("tagging", {"max_seq_len": 256, "stride": 64})])
+def test_the_data_keys_every_task_has_are_declared_once(task, defaults):
+    """`posbias.config.DataConfig` declares the data keys both tasks have (type, range, marks,
+    docstring); a task's data section subclasses it and declares none of them again (its own default
+    or old name of a shared key goes in its class line), so the two cannot drift apart again."""
+    import ast
+    import dataclasses
+    import inspect
+    import textwrap
+    from typing import get_type_hints
+
+    from posbias.config import DataConfig
+    from posbias.tasks import get_task
+
+    shared = {f.name: f for f in dataclasses.fields(DataConfig)}
+    assert set(shared) == SHARED_DATA_KEYS
+    data = get_type_hints(get_task(task).config_class)["data"]
+    assert issubclass(data, DataConfig)
+    source = ast.parse(textwrap.dedent(inspect.getsource(data)))
+    declared = {n.target.id for n in ast.walk(source) if isinstance(n, ast.AnnAssign)}
+    assert declared and not declared & set(shared)
+    fields, hints, base_hints = {f.name: f for f in dataclasses.fields(data)}, get_type_hints(data), get_type_hints(DataConfig)
+    assert list(fields)[: len(shared)] == list(shared)  # written first, in one order
+    for name, f in shared.items():
+        assert hints[name] == base_hints[name], name
+        assert {k: v for k, v in fields[name].metadata.items() if k != "old_name"} == dict(f.metadata), name
+        assert fields[name].default == defaults.get(name, f.default), name
+    assert {k: getattr(data(), k) for k in defaults} == defaults  # each task keeps its defaults
+
+
+def test_a_shared_data_key_cannot_be_declared_again():
+    from dataclasses import dataclass
+
+    from posbias.config import DataConfig
+
+    with pytest.raises(TypeError, match="'stride' is declared in DataConfig: not again here"):
+        @dataclass
+        class Again(DataConfig, defaults={"stride": 1}):
+            stride: int = 2
+    with pytest.raises(TypeError, match="'doc_stride' is not a DataConfig key"):
+        class Unknown(DataConfig, old_names={"doc_stride": "stride"}):
+            pass
+
+
+def test_eval_file_takes_a_list_of_shards_in_every_task():
+    """The drift resolved: QA's eval_file was `str | None`, tagging's `str | list[str] | None`; both
+    take a list now, read as shards of one set as train_file is (QA's reader always took a list)."""
+    from posbias.tasks import get_task
+
+    from conftest import tiny_config
+
+    cfg = build_config(tiny_config(data={"eval_file": ["demo:dev", "demo:train"]}))
+    sizes = [len(get_task("qa").read(spec, cfg).examples) for spec in cfg.data.eval_file]
+    assert len(get_task("qa").read(cfg.data.eval_file, cfg).examples) == sum(sizes)
+    tagging = build_config({"task": "tagging", "data": {"eval_file": ["demo:wnut-dev", "demo:wnut-dev"]}})
+    assert tagging.data.eval_file == ["demo:wnut-dev", "demo:wnut-dev"]

@@ -47,7 +47,7 @@ def experiment(tmp_path_factory):
     spec = {"name": "t", "base": "tiny", "methods": {"only": {}}, "seeds": [1], "output_dir": str(tmp / "exp"),
             "overrides": {"train": {"max_steps": 1, "eval_every": 1, "log_every": 1},
                           "data": {"max_train_examples": 16, "max_eval_examples": 8, "max_seq_len": 128,
-                                   "doc_stride": 48}}}
+                                   "stride": 48}}}
     spec_file = tmp / "spec.json"
     spec_file.write_text(json.dumps(spec), encoding="utf-8")
     posbias.experiment_run(spec, progress=False)

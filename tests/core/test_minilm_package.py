@@ -57,7 +57,7 @@ def test_demo_command_runs_end_to_end(tmp_path):
     out = tmp_path / "demo"
     r = subprocess.run([str(Path(sys.executable).parent / "posbias"), "demo", "--output-dir", str(out),
                         "train.max_steps=2", "data.max_train_examples=32", "data.max_eval_examples=16",
-                        "data.max_seq_len=128", "data.doc_stride=48"],
+                        "data.max_seq_len=128", "data.stride=48"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "F1" in r.stdout and str(out) in r.stdout

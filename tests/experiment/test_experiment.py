@@ -217,7 +217,7 @@ def test_interrupted_experiment_resumes_to_the_same_result(tmp_path):
     spec = smoke_spec(tmp_path, seeds=[1], eval_sets={})
     spec["overrides"] = {"train": {"max_steps": 60, "save_every": 4, "eval_every": 30, "log_every": 5},
                          "data": {"max_train_examples": 48, "max_eval_examples": 16, "max_seq_len": 128,
-                                  "doc_stride": 48}}
+                                  "stride": 48}}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))  # method order: the first is the baseline
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -30,7 +30,7 @@ def tiny_spec(tmp_path, **changes) -> dict:
     spec = yaml.safe_load((PRESETS / "experiments" / "smoke.yaml").read_text(encoding="utf-8"))
     spec.update(overrides={"train": {"max_steps": 3, "eval_every": 3, "log_every": 1},
                            "data": {"max_train_examples": 24, "max_eval_examples": 16, "max_seq_len": 128,
-                                    "doc_stride": 48}},
+                                    "stride": 48}},
                 eval_sets={}, segments=[], output_dir=str(tmp_path / "exp"), **changes)
     return spec
 

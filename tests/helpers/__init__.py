@@ -40,7 +40,7 @@ def tiny_config(tmp_path=None, **sections) -> dict:
     """A tiny-encoder run config dict; `sections` deep-update it."""
     d = {
         "model": {"name_or_path": None, "tokenizer": "tiny", "encoder": dict(TINY_ENCODER)},
-        "data": {"train_file": "demo:train", "eval_file": "demo:dev", "max_seq_len": 128, "doc_stride": 48,
+        "data": {"train_file": "demo:train", "eval_file": "demo:dev", "max_seq_len": 128, "stride": 48,
                  "max_train_examples": 48, "max_eval_examples": 24},
         # device cpu, not auto: a config a test writes for a subprocess trains on the CPU on a GPU box
         # too (helpers.devices); GPU tests override it with their `device`.

@@ -208,7 +208,7 @@ def test_position_table_must_hold_two_more_positions(tmp_path):
 def test_random_padding_and_rpp_never_exceed_the_position_table(tokenizer, feats):
     n_pos = 96 + 2  # exactly data.max_seq_len + the two queries
     model = dyref(tokenizer, encoder={"max_position_embeddings": n_pos})
-    cfg = build_config(tiny_config(data={"max_seq_len": 96, "doc_stride": 32, "max_query_len": 24}))
+    cfg = build_config(tiny_config(data={"max_seq_len": 96, "stride": 32, "max_query_len": 24}))
     batch = batch_of(feats, 8)
     gen = torch.Generator().manual_seed(0)
     for make in (random_padding, random_position_perturbation):
@@ -344,7 +344,7 @@ def test_position_updates_count_the_ids_the_encoder_looks_up(tokenizer, feats):
     short = int(np.argmin(feats.lengths))
     batch = collate(feats, np.array([short, 0]), pad_id=0, with_labels=True)  # the first row padded
     alone = collate(feats, np.array([short]), pad_id=0, with_labels=True)
-    cfg = build_config(tiny_config(data={"max_seq_len": 96, "doc_stride": 32, "max_query_len": 24}))
+    cfg = build_config(tiny_config(data={"max_seq_len": 96, "stride": 32, "max_query_len": 24}))
     shift = random_padding(max_seq_len=cfg.data.max_seq_len)
     shift.bind(model)
     shifted = shift(alone, torch.Generator().manual_seed(0))

@@ -201,8 +201,8 @@ def test_export_to_hugging_face_qa_model(trained, tmp_path):
         # The comparison can fail: dropping the segment ids (a classic export bug) is caught.
         assert relative_error(mine[k][ctx], getattr(no_types, k)[ctx]) > 1e-3, k
     # The exported folder is itself a checkpoint posbias can evaluate: same answers.
-    a = posbias.predict(run / "best", data=DEMO_DEV, overrides=["data.max_seq_len=128", "data.doc_stride=48"])
-    b = posbias.predict(out, data=DEMO_DEV, overrides=["data.max_seq_len=128", "data.doc_stride=48"])
+    a = posbias.predict(run / "best", data=DEMO_DEV, overrides=["data.max_seq_len=128", "data.stride=48"])
+    b = posbias.predict(out, data=DEMO_DEV, overrides=["data.max_seq_len=128", "data.stride=48"])
     assert {k: v["answer"] for k, v in a.items()} == {k: v["answer"] for k, v in b.items()}
 
 

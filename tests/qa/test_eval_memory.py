@@ -17,7 +17,8 @@ from posbias.qa.readers import read_qa
 
 from helpers import DEMO_DEV, tiny_config, tiny_model
 
-WINDOWS = {"max_seq_len": 96, "doc_stride": 32, "max_query_len": 32}
+WINDOWS = {"max_seq_len": 96, "doc_stride": 32, "max_query_len": 32}  # build_qa_features' keywords
+DATA = {"max_seq_len": 96, "stride": 32, "max_query_len": 32}  # the same windows as data config keys
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_streamed_features_reject_no_examples(tokenizer):
 def test_chunked_evaluation_equals_one_chunk(tokenizer, demo_examples, monkeypatch, head, null_answer):
     """Same predictions, n-best lists (scores to the bit) and null odds with tiny chunks as in one."""
     model = tiny_model(tokenizer, null_answer=null_answer, head=head)
-    cfg = build_config(tiny_config(model={"head": head}, data=dict(WINDOWS)))
+    cfg = build_config(tiny_config(model={"head": head}, data=dict(DATA)))
     examples = demo_examples[:150]
     monkeypatch.setattr(ev, "EVAL_CHUNK_CHARS", 1 << 30)
     one = ev.predict_examples(model, tokenizer, cfg, examples, source="demo", progress=False)
@@ -95,7 +96,7 @@ def test_candidates_carry_the_answer_characters(tokenizer, demo_examples, monkey
     from posbias.qa.decode import candidate_chars
 
     small_chunks(monkeypatch)
-    cfg = build_config(tiny_config(data=dict(WINDOWS)))
+    cfg = build_config(tiny_config(data=dict(DATA)))
     examples = demo_examples[:60]
     _, nbest, _, _, cands = ev.predict_examples(tiny_model(tokenizer), tokenizer, cfg, examples, source="demo",
                                                 progress=False)
@@ -116,7 +117,7 @@ def test_evaluation_memory_follows_the_chunk_not_the_file(tokenizer, demo_exampl
     """
     small_chunks(monkeypatch)
     model = tiny_model(tokenizer)
-    cfg = build_config(tiny_config(data=dict(WINDOWS)))
+    cfg = build_config(tiny_config(data=dict(DATA)))
     examples = demo_examples[:270]
     assert sum(len(e.context) + len(e.question) for e in examples) > 200_000
     tracemalloc.start()
@@ -154,7 +155,7 @@ def test_token_budget_bounds_the_activations_and_keeps_the_answers(tokenizer, de
     model.register_forward_hook(lambda m, args, out: seen.append(args[0]["input_ids"].numel()))
     answers = {}
     for tokens in (None, 600):
-        cfg = build_config(tiny_config(data=dict(WINDOWS), train={"eval_batch_size": 64, "eval_batch_tokens": tokens}))
+        cfg = build_config(tiny_config(data=dict(DATA), train={"eval_batch_size": 64, "eval_batch_tokens": tokens}))
         seen.clear()
         answers[tokens] = ev.predict_examples(model, tokenizer, cfg, examples, source="demo", progress=False)[0]
         if tokens is None:
@@ -186,7 +187,7 @@ def test_many_questions_on_one_long_context_are_built_one_example_at_a_time(toke
     context = " ".join(e.context for e in demo_examples[:120])[:40_000]
     examples = [dataclasses.replace(e, id=f"q{i}", context=context, answers=[])
                 for i, e in enumerate(demo_examples[:40])]
-    cfg = build_config(tiny_config(data=dict(WINDOWS)))
+    cfg = build_config(tiny_config(data=dict(DATA)))
     tok = tokenizer
     tracemalloc.start()
     try:

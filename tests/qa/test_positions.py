@@ -68,7 +68,7 @@ def test_s_x_counts_a_mention_in_the_front_of_any_window(tokenizer, monkeypatch)
     assert first_x_labels(first, 24)["repeated"] == "S24(2)"  # the old first-window rule
     assert first_x_labels(every, 50) == {"repeated": "S50(1)", "rear": "S50(1)"}
     # The experiment segmenter follows §6.1.
-    cfg = build_config(tiny_config(data=win))
+    cfg = build_config(tiny_config(data={"max_seq_len": 48, "stride": 16, "max_query_len": 8}))  # win's
     monkeypatch.setattr(positions, "_checkpoint_setup", lambda checkpoint: (tokenizer, cfg))
     assert positions.first_x_tokens(ex, None, "ckpt", x=24) == {"repeated": "S24(1)", "rear": "S24(2)"}
     with pytest.raises(ValueError, match="windows"):
@@ -150,7 +150,7 @@ def test_diagnose_writes_position_analyses(tmp_path, tokenizer, dev_examples):
     # Any Hugging Face QA folder can be diagnosed too.
     hf = posbias.export(tmp_path / "run" / "best", tmp_path / "hf")
     res_hf = posbias.diagnose(hf, DEMO_DEV, tmp_path / "diag_hf", overrides=["data.max_eval_examples=60",
-                                                                         "data.max_seq_len=128", "data.doc_stride=48"],
+                                                                         "data.max_seq_len=128", "data.stride=48"],
                               progress=False)
     assert res_hf["metrics"]["total"] == 60
 
