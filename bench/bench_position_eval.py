@@ -32,7 +32,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from posbias.checkpoint import eval_config, load_checkpoint  # noqa: E402
+from posbias.checkpoint import load_checkpoint  # noqa: E402
+from posbias.evaluation import eval_config  # noqa: E402
 from posbias.tagging.duplicated import length_subset, position_eval  # noqa: E402
 from posbias.tagging.inputs import read_for  # noqa: E402
 from posbias.utils import versions  # noqa: E402

@@ -241,7 +241,8 @@ def summarise(reps: dict, extra: dict) -> dict:
 # ---------------------------------------------------------------- 2. eval
 def bare_eval(ckpt: str, data: str, dev: int | None, repeats: int) -> dict:
     """The checkpoint's bare encoder, forward only (inference_mode), on posbias's evaluation batches."""
-    from posbias.checkpoint import eval_config, load_checkpoint
+    from posbias.checkpoint import load_checkpoint
+    from posbias.evaluation import eval_config
     from posbias.qa.collate import collate
     from posbias.qa.evaluate import eval_features
     from posbias.tasks import get_task

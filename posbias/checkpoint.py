@@ -2,21 +2,21 @@
 tokenizer, the run config (posbias.yaml) and the task model's own metadata (posbias_model.json).
 
 `load_checkpoint` also opens Hugging Face `*ForQuestionAnswering` / `*ForTokenClassification`
-folders, so models trained elsewhere can be evaluated and diagnosed here.
+folders, so models trained elsewhere can be evaluated and diagnosed here. This module reads and
+writes the folder; evaluating what it holds (a config with overrides, precision, the outputs of
+`posbias evaluate`) is `posbias.evaluation`.
 """
 from __future__ import annotations
 
-import contextlib
-import shutil
 from pathlib import Path
 
-from . import outputs
 from .config import RunConfig, load_config, save_config
-from .encoders import WEIGHTS, local_dir
+from .encoders import (WEIGHTS, check_vocab_fits, check_weights_file, first_shape_error, local_dir,
+                       weight_shapes)
 from .errors import ConfigError
 from .limits import load_json
 from .registry import TASKS
-from .utils import atomic_write_json, replace_dir, save_safetensors
+from .utils import atomic_write_json, save_safetensors
 
 CHECKPOINT_CONFIG = "posbias.yaml"
 MODEL_META = "posbias_model.json"
@@ -89,8 +89,6 @@ def load_checkpoint(path, map_location="cpu", task: str | None = None):
     """
     from safetensors.torch import load_file
 
-    from .encoders import check_vocab_fits, check_weights_file, first_shape_error, weight_shapes
-
     path = str(path)
     path = local_dir(path, "checkpoint")
     if is_posbias_checkpoint(path):
@@ -124,24 +122,6 @@ def load_checkpoint(path, map_location="cpu", task: str | None = None):
                       f"bare encoder use `posbias train {task or 'TASK'}` with model.name_or_path")
 
 
-def eval_config(model_cfg: RunConfig, overrides) -> RunConfig:
-    """A checkpoint's run config with evaluation overrides (windows, decoding, batch size); the
-    model itself may not be overridden. The training run's cap on evaluation examples does not carry
-    over: a file given for evaluation is scored whole unless `data.max_eval_examples` (or, tagging,
-    `data.length_quantiles`) is overridden."""
-    from .config import build_config
-
-    d = model_cfg.to_dict()
-    d["data"]["max_eval_examples"] = None
-    d["train"]["device"] = "auto"  # where the model trained says nothing about where it is evaluated
-    if "length_quantiles" in d["data"]:  # a tagging run trained on D*: other files are read whole
-        d["data"]["length_quantiles"] = None
-    cfg = build_config(d, overrides)
-    if cfg.model != model_cfg.model:
-        raise ConfigError("model.* cannot be overridden when evaluating a trained checkpoint")
-    return cfg
-
-
 def check_max_seq_len(model, cfg: RunConfig) -> None:
     """Refuse a `data.max_seq_len` whose windows would index past the encoder's position table
     (otherwise an IndexError deep inside the encoder). Training calls it on the model it builds,
@@ -153,113 +133,6 @@ def check_max_seq_len(model, cfg: RunConfig) -> None:
         extra = f" + {offset} positions of model.head {cfg.model.head!r}" if offset else ""
         raise ConfigError(f"data.max_seq_len ({cfg.data.max_seq_len}) + first position id ({base}){extra} "
                           f"exceeds the encoder's max_position_embeddings ({n_pos})")
-
-
-def load_for_eval(model, overrides, task: str):
-    """(net, tokenizer, run config) for evaluating, predicting or diagnosing a checkpoint: its config
-    with the overrides (`eval_config`), checked by the same rules as training."""
-    from .devices import resolve_device
-
-    net, tokenizer, mcfg = load_checkpoint(model, task=task)
-    cfg = eval_config(mcfg, overrides)
-    check_max_seq_len(net, cfg)
-    device = resolve_device(cfg.train.device)
-    return with_precision(net.to(device), eval_precision(cfg, device)), tokenizer, cfg
-
-
-def eval_precision(cfg: RunConfig, device):
-    """The resolved `train.eval_precision` of an evaluation, prediction or diagnosis on `device`."""
-    from .precision import resolve_precision
-
-    return resolve_precision(cfg.train.eval_precision, device, "train.eval_precision")
-
-
-_ANNOUNCED: set = set()
-
-
-def with_precision(net, precision):
-    """`net` whose forward runs under `precision`'s autocast (as accelerate wraps a prepared model's
-    forward); fp32 leaves it as it is. A choice other than plain fp32 is printed once per process."""
-    import sys
-
-    from .precision import autocast
-
-    if precision.requested not in ("fp32", "no") and precision not in _ANNOUNCED:
-        _ANNOUNCED.add(precision)
-        print(f"posbias: evaluating in {precision.name} ({precision.reason})", file=sys.stderr, flush=True)
-    if precision.name == "fp32":
-        return net
-    device = next(net.parameters()).device
-    net.forward = autocast(device, precision)(net.forward)
-    return net
-
-
-# What evaluate / predict / diagnose write into an output folder. An existing folder holding only
-# these (a previous output) is replaced whole; one holding anything else is the user's, and refused.
-OUTPUT_NAMES = frozenset({
-    "predictions.json", "nbest.json", "null_odds.json", "metrics.json", "predictions.conll", "predictions.jsonl",
-    "config.yaml", "run_info.json", "eval", "diagnosis.md", "diagnosis.html", "diagnosis.json",
-    "f1_by_position.png", "position_updates.png", "position_curves.png", "per_class.png", "length_density.png",
-    "class_positions.png"})
-
-
-@contextlib.contextmanager
-def staged_output(output_dir, names=OUTPUT_NAMES, what: str = "--output-dir"):
-    """Yield a fresh `<output_dir>.tmp` folder to write a command's outputs into; when the block
-    ends normally it replaces `output_dir` whole (`replace_dir`, as training's `eval/`), so a run
-    killed mid-write leaves the previous outputs as they were, never a mix. None yields None.
-
-    `names`: what the command writes. The folder must be new, empty or posbias's own (its marker,
-    `outputs.check_ours`) and hold nothing but `names`: anything else is the user's, and refused,
-    never replaced. One writer at a time (`outputs.output_lock`), so two evaluations into one folder
-    never mix; a result a kill left only in `.tmp`/`.old` is restored first (`outputs.restore`).
-    """
-    if output_dir is None:
-        yield None
-        return
-    final = Path(output_dir).resolve()  # a symlinked folder: its target is replaced, the link kept
-    if final.exists() and not final.is_dir():
-        raise ConfigError(f"{output_dir}: the output folder is an existing file; give a folder path")
-    if final == Path.cwd().resolve() or final in Path.cwd().resolve().parents:
-        raise ConfigError(f"{output_dir}: the output folder holds the working folder; give a new folder")
-    with outputs.output_lock(final, what):
-        outputs.restore(final, what)
-        if final.is_dir():
-            foreign = [x for x in outputs.user_entries(final) if x not in names
-                       and not (x.startswith(".") and x.endswith(".tmp"))]  # atomic_write leftovers
-            if foreign:
-                raise ConfigError(f"{output_dir}: the output folder holds {foreign[0]!r}, which posbias did not "
-                                  "write; outputs replace the folder whole, so give a new or empty folder")
-        outputs.check_ours(final, what)  # only names posbias writes, but not written by posbias
-        tmp = final.with_name(final.name + ".tmp")
-        try:
-            outputs.fresh_dir(tmp, what)  # what a killed run left there goes; a link is refused
-        except OSError as e:
-            raise ConfigError(f"{output_dir}: cannot create the output folder ({e.strerror or e})") from None
-        try:
-            yield tmp
-            outputs.write_marker(tmp, what)  # last: a marked .tmp is complete (`outputs.restore`)
-            replace_dir(tmp, final)
-        except BaseException:
-            if not tmp.is_symlink():
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise
-
-
-def write_run_meta(output_dir, cfg: RunConfig, command: str, model, data, t0: float, skipped=()) -> None:
-    """config.yaml + run_info.json next to an evaluation's or prediction's outputs."""
-    import time
-
-    from .devices import describe, resolve_device
-    from .utils import now_iso, versions
-
-    device = resolve_device(cfg.train.device)
-    save_config(cfg, Path(output_dir) / "config.yaml")
-    atomic_write_json(Path(output_dir) / "run_info.json", {
-        "command": command, "model": str(model), "data": str(data), "finished": now_iso(),
-        "seconds": round(time.time() - t0, 2), "skipped_records": len(skipped), "skipped": list(skipped)[:100],
-        "seed": cfg.train.seed, "versions": versions(), "hardware": describe(device),
-        "precision": eval_precision(cfg, device).to_dict()})
 
 
 def checkpoint_task(path) -> str:
@@ -274,21 +147,3 @@ def checkpoint_task(path) -> str:
             return t.name
     suffixes = " or ".join(f"*{t.hf_suffix}" for t in TASKS.values())
     raise ConfigError(f"{path}: config.json architectures {archs} has no {suffixes} model")
-
-
-def evaluate_file(model, data, output_dir, overrides, task: str, evaluate, progress: bool = True) -> dict:
-    """`posbias evaluate`: load a checkpoint, read `data` with its config (+ overrides), run
-    `evaluate(net, tokenizer, cfg, dataset, output_dir, progress=...)`, write the run's config,
-    seed and versions next to the outputs (all through `staged_output`)."""
-    import time
-
-    with staged_output(output_dir) as out:
-        net, tokenizer, cfg = load_for_eval(model, overrides, task)
-        ds = TASKS.get(task).read(data, cfg)
-        if cfg.data.max_eval_examples:
-            ds.examples = ds.examples[: cfg.data.max_eval_examples]
-        t0 = time.time()
-        result = evaluate(net, tokenizer, cfg, ds, out, progress=progress)
-        if out is not None:
-            write_run_meta(out, cfg, "evaluate", model, ds.path, t0, skipped=ds.skipped)
-    return result

@@ -20,7 +20,10 @@ data build / stats, explain, experiment run / copy / report):
   folder whole (`staged_output`), and a lock file inside would be swapped out with it. The lock
   file goes when its holder lets go; a killed holder's file is taken over (the kernel dropped its lock);
 - a kill between `replace_dir`'s two renames leaves the result only in `<out>.tmp` or `<out>.old`:
-  `restore` puts it back on the next run, under the lock.
+  `restore` puts it back on the next run, under the lock;
+- a command whose outputs are one set (evaluate, predict, diagnose, data build / stats) writes them
+  into `<out>.tmp` and then replaces the folder whole (`staged_output`): a kill mid-write leaves
+  the previous set as it was, never a mix.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from .errors import ConfigError, PosbiasError
 from .limits import load_json
-from .utils import atomic_write_json, now_iso, recover_dir
+from .utils import atomic_write_json, now_iso, recover_dir, replace_dir
 from .version import __version__
 
 try:
@@ -281,6 +284,58 @@ def restore(final, what: str) -> None:
             os.replace(old, final)  # an earlier version's output: no marker to go by
     if final.is_dir() and old.exists():
         remove_dir(old, what)
+
+
+# What evaluate / predict / diagnose write into an output folder. An existing folder holding only
+# these (a previous output) is replaced whole; one holding anything else is the user's, and refused.
+OUTPUT_NAMES = frozenset({
+    "predictions.json", "nbest.json", "null_odds.json", "metrics.json", "predictions.conll", "predictions.jsonl",
+    "config.yaml", "run_info.json", "eval", "diagnosis.md", "diagnosis.html", "diagnosis.json",
+    "f1_by_position.png", "position_updates.png", "position_curves.png", "per_class.png", "length_density.png",
+    "class_positions.png"})
+
+
+@contextlib.contextmanager
+def staged_output(output_dir, names=OUTPUT_NAMES, what: str = "--output-dir"):
+    """Yield a fresh `<output_dir>.tmp` folder to write a command's outputs into; when the block
+    ends normally it replaces `output_dir` whole (`replace_dir`, as training's `eval/`), so a run
+    killed mid-write leaves the previous outputs as they were, never a mix. None yields None.
+
+    `names`: what the command writes. The folder must be new, empty or posbias's own (its marker,
+    `check_ours`) and hold nothing but `names`: anything else is the user's, and refused,
+    never replaced. One writer at a time (`output_lock`), so two evaluations into one folder
+    never mix; a result a kill left only in `.tmp`/`.old` is restored first (`restore`).
+    """
+    if output_dir is None:
+        yield None
+        return
+    final = Path(output_dir).resolve()  # a symlinked folder: its target is replaced, the link kept
+    if final.exists() and not final.is_dir():
+        raise ConfigError(f"{output_dir}: the output folder is an existing file; give a folder path")
+    if final == Path.cwd().resolve() or final in Path.cwd().resolve().parents:
+        raise ConfigError(f"{output_dir}: the output folder holds the working folder; give a new folder")
+    with output_lock(final, what):
+        restore(final, what)
+        if final.is_dir():
+            foreign = [x for x in user_entries(final) if x not in names
+                       and not (x.startswith(".") and x.endswith(".tmp"))]  # atomic_write leftovers
+            if foreign:
+                raise ConfigError(f"{output_dir}: the output folder holds {foreign[0]!r}, which posbias did not "
+                                  "write; outputs replace the folder whole, so give a new or empty folder")
+        check_ours(final, what)  # only names posbias writes, but not written by posbias
+        tmp = final.with_name(final.name + ".tmp")
+        try:
+            fresh_dir(tmp, what)  # what a killed run left there goes; a link is refused
+        except OSError as e:
+            raise ConfigError(f"{output_dir}: cannot create the output folder ({e.strerror or e})") from None
+        try:
+            yield tmp
+            write_marker(tmp, what)  # last: a marked .tmp is complete (`restore`)
+            replace_dir(tmp, final)
+        except BaseException:
+            if not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def check_not_input(folder, inputs, what: str) -> None:

@@ -9,6 +9,17 @@ resumable checkpoints. The loop knows nothing about QA or tagging: it talks to a
 `posbias.qa.task`, tagging in `posbias.tagging.task`, registered in `posbias.registry.TASKS`), any
 object with the `posbias.tasks.Task` protocol.
 
+`train` holds the output folder and records a failure; `_train` runs the stages, which share the
+run's state in a `_Run` and where the loop is in a `_Loop`:
+    _setup               checks (`_resolve_resume`), accelerator, data -> features, model, optimizer,
+                         schedule, resumed state, run_info.json `running` (`_start_output`)
+    _train_epoch         one epoch's batch order (data_order/), then per step:
+      _train_step          micro-batches with their perturbed passes, forward/backward, optimizer step
+      _log_step            train_log.jsonl, progress, trackers (every train.log_every steps)
+      _evaluate_and_save   evaluation when due (eval_log.jsonl, best/ + eval/, early stopping),
+                           checkpoints/last when due
+    _finish              best/ without an eval file, position_updates.json, run_info.json `finished`
+
 Output folder layout:
     config.yaml          the resolved config
     run_info.json        seed, versions, world size, data summary, status, timings
@@ -31,11 +42,16 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object
 from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup
 
 from .analysis.updates import PositionUpdateCounter
 from .batching import batch_order, move
@@ -167,6 +183,52 @@ WRITTEN = ("best", "best.tmp", "best.old", "eval", "eval.tmp", "eval.old", "chec
            "config.yaml", "run_info.json", "position_updates.json")
 
 
+@dataclass
+class _Run:
+    """One run's state, built by `_setup` and carried through the stages of `_train`."""
+
+    cfg: RunConfig
+    out: Path  # train.output_dir
+    last_dir: Path  # checkpoints/last
+    progress: bool
+    acc: Any  # the Accelerator
+    main: bool  # the process that writes (and logs)
+    log_with: list[str] | None  # accelerate's trackers (train.report_to)
+    task: Any  # a `posbias.tasks.Task`
+    tokenizer: Any
+    examples: list  # the training examples (after data.max_train_examples)
+    feats: Any  # their features
+    lengths: Any  # the features' lengths in tokens (feats.lengths, computed once), for the batch order
+    eval_ds: Any  # the evaluation data set, or None without data.eval_file
+    model: Any  # as `acc.prepare` returned it (wrapped for DDP with several processes)
+    raw_model: Any  # the task model itself
+    optimizer: Any
+    scheduler: Any
+    sched: _Schedule
+    total_steps: int
+    replace: list  # perturbations applied to the batch (mode replace)
+    augment: list  # perturbations adding a pass (mode augment)
+    updates: PositionUpdateCounter
+    state: dict  # the loop's own state, saved as trainer_state.json
+    run_info: dict
+    started: float  # time.time() at the start, for the summary's wall_seconds
+
+
+def _new_window() -> dict:
+    """Loss and throughput since the last log line."""
+    return {"loss": 0.0, "n": 0, "examples": 0, "tokens": 0, "padded": 0, "t0": time.perf_counter()}
+
+
+@dataclass
+class _Loop:
+    """Where the loop is: the last finished step, the progress bar, the throughput window."""
+
+    step: int
+    bar: Any
+    lines: bool  # plain progress lines (a log file) instead of the bar
+    window: dict  # loss and throughput since the last log line (`_new_window`)
+
+
 def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, progress: bool = True,
           data: dict | None = None) -> dict:
     """Train a model for `cfg.task` as `cfg` says; returns a summary (best step, metrics, throughput).
@@ -199,10 +261,24 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
 
 def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, data: dict | None,
            record: _RunRecord) -> dict:
-    from accelerate import Accelerator
-    from accelerate.utils import gather_object
-    from transformers import get_linear_schedule_with_warmup
+    """The run, stage by stage: set up, train epoch by epoch (evaluating and saving as it goes), finish."""
+    run = _setup(cfg, resume, overwrite, progress, data, record)
+    run.model.train()
+    step = run.state["global_step"]
+    window = _new_window()
+    bar = tqdm(total=run.total_steps, initial=step, desc="train",
+               disable=not progress or not run.main or not interactive(), dynamic_ncols=True)
+    lines = progress and run.main and not interactive()  # a log file gets a plain line per log_every steps
+    loop = _Loop(step, bar, lines, window)
+    while loop.step < run.total_steps and not run.state.get("stopped_early"):  # a resumed early-stopped run is done
+        _train_epoch(run, loop)
+    bar.close()
+    return _finish(run, loop.step)
 
+
+def _resolve_resume(cfg: RunConfig, resume: str | None, overwrite: bool) -> str | None:
+    """The checkpoint to resume from (None: a fresh start), after the checks that come before anything
+    is built: the output folder's state, the checkpoint, the config."""
     t, d = cfg.train, cfg.data
     out = Path(t.output_dir)
     last_dir = out / "checkpoints" / "last"
@@ -230,6 +306,17 @@ def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
         raise ConfigError("data.train_file must be set to train")
     if t.early_stopping_patience and not d.eval_file:
         raise ConfigError("train.early_stopping_patience needs data.eval_file (the metric it watches)")
+    return resume
+
+
+def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, data: dict | None,
+           record: _RunRecord) -> _Run:
+    """Everything before the first step: the checks, the accelerator, data -> features, the model,
+    optimizer and schedule, the resumed state, and the output folder made ready (run_info.json
+    `running`, from which point `record` owns the run)."""
+    t, d = cfg.train, cfg.data
+    out = Path(t.output_dir)
+    resume = _resolve_resume(cfg, resume, overwrite)
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
 
@@ -279,6 +366,7 @@ def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
     model, optimizer = acc.prepare(model, optimizer)
     raw_model = acc.unwrap_model(model)
 
+    # ---- resumed state
     state = {"global_step": 0, "best_metric": None, "best_step": None, "train_seconds": 0.0}
     # §2.3 pilot of the Random Padding paper: how often each position embedding gets a gradient.
     updates = PositionUpdateCounter(getattr(raw_model.encoder.config, "max_position_embeddings", None)
@@ -299,7 +387,21 @@ def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
         "hardware": devices.describe(acc.device), "mixed_precision": t.mixed_precision,
         "precision": precision.to_dict(),
     }
-    if main:
+    run = _Run(cfg=cfg, out=out, last_dir=out / "checkpoints" / "last", progress=progress, acc=acc, main=main,
+               log_with=log_with, task=task, tokenizer=tokenizer, examples=examples, feats=feats, lengths=lengths,
+               eval_ds=eval_ds, model=model, raw_model=raw_model, optimizer=optimizer, scheduler=scheduler,
+               sched=sched, total_steps=total_steps, replace=replace, augment=augment, updates=updates,
+               state=state, run_info=run_info, started=started)
+    _start_output(run, resume, record)
+    return run
+
+
+def _start_output(run: _Run, resume: str | None, record: _RunRecord) -> None:
+    """Make the output folder ready (main process): a fresh start removes what an earlier run left,
+    a resumed one drops the log lines of the steps it will run again; then config.yaml and
+    run_info.json (`running`), and the trackers."""
+    out = run.out
+    if run.main:
         out.mkdir(parents=True, exist_ok=True)
         if resume is None:  # a fresh start (--overwrite): nothing of an earlier run may survive
             for stale in ("train_log.jsonl", "eval_log.jsonl"):
@@ -308,150 +410,173 @@ def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
                 outputs.remove_dir(out / stale, "train.output_dir")
         else:  # steps after the checkpoint will run again: drop their log lines
             for log in ("train_log.jsonl", "eval_log.jsonl"):
-                _truncate_log(out / log, state["global_step"])
-        save_config(cfg, out / "config.yaml")
-        record.path, record.info = out / "run_info.json", run_info
-        atomic_write_json(out / "run_info.json", run_info)
-    if log_with:
-        acc.init_trackers(out.name or "posbias", config=_flat_config(cfg.to_dict()))
+                _truncate_log(out / log, run.state["global_step"])
+        save_config(run.cfg, out / "config.yaml")
+        record.path, record.info = out / "run_info.json", run.run_info
+        atomic_write_json(out / "run_info.json", run.run_info)
+    if run.log_with:
+        run.acc.init_trackers(out.name or "posbias", config=_flat_config(run.cfg.to_dict()))
 
-    # ---- loop
-    model.train()
-    step = state["global_step"]
-    epoch_batches, epoch_loaded = None, -1
-    window = {"loss": 0.0, "n": 0, "examples": 0, "tokens": 0, "padded": 0, "t0": time.perf_counter()}
-    bar = tqdm(total=total_steps, initial=step, desc="train", disable=not progress or not main or not interactive(),
-               dynamic_ncols=True)
-    lines = progress and main and not interactive()  # a log file gets a plain line per log_every steps
-    while step < total_steps and not state.get("stopped_early"):  # a resumed early-stopped run is done
-        epoch, local = divmod(step, sched.steps_per_epoch)
-        if epoch != epoch_loaded:
-            epoch_batches = batch_order(lengths, t.batch_size, t.seed, epoch,
-                                        length_grouping=t.length_grouping, group_batches=t.group_batches)
-            epoch_loaded = epoch
-            if main:
-                ids = [[examples[feats.example_index[w]].id for w in b] for b in epoch_batches]
-                atomic_write_json(out / "data_order" / f"epoch-{epoch}.json",
-                                  {"seed": t.seed, "epoch": epoch, "batches": ids,
-                                   "windows": [b.tolist() for b in epoch_batches]}, indent=None)
-        t_step = time.perf_counter()
-        bad_loss = None
-        micro = sched.micro_batches(local, acc.process_index)
-        gen = torch.Generator().manual_seed(t.seed * 1_000_003 + step)
-        for j, bi in enumerate(micro):
-            batch = task.collate(feats, epoch_batches[bi], tokenizer, with_labels=True)
-            # The replace-perturbed batch, then one perturbed copy per augment perturbation.
-            passes = [move(b, acc.device) for b in training_passes(batch, replace, augment, gen)]
-            for b in passes:
-                updates.add_model_batch(raw_model, b)  # the ids the encoder is given (DyReF: queries, +2)
-                window["tokens"] += int(b["attention_mask"].sum())
-                window["padded"] += b["input_ids"].numel()
-            sync = j == len(micro) - 1
-            ctx = acc.no_sync(model) if not sync else contextlib.nullcontext()
-            with ctx:
-                loss = passes_loss(model, passes, task.targets)
-                acc.backward(loss / len(micro))
-            value = loss.item()
-            if not math.isfinite(value):
-                bad_loss = value
-            window["loss"] += value
-            window["n"] += 1
-            window["examples"] += len(epoch_batches[bi])
-        # A NaN/inf loss (on any process) stops the run before the step reaches the weights.
-        diverged = torch.tensor(float(bad_loss is not None), device=acc.device)
-        if acc.num_processes > 1:
-            diverged = acc.reduce(diverged, reduction="sum")
-        if diverged.item():
-            _diverged(out, step + 1, bad_loss, last_dir)
-        if t.max_grad_norm:
-            acc.clip_grad_norm_(model.parameters(), t.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        updates.end_step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        state["train_seconds"] += time.perf_counter() - t_step
-        bar.update(1)
 
-        if step % t.log_every == 0 or step == total_steps:
-            dt = time.perf_counter() - window["t0"]
-            rec = {"step": step, "epoch": round(step / sched.steps_per_epoch, 4),
-                   "loss": window["loss"] / max(window["n"], 1), "lr": scheduler.get_last_lr()[0],
-                   "examples_per_s": window["examples"] * acc.num_processes / dt,
-                   "tokens_per_s": window["tokens"] * acc.num_processes / dt,
-                   "padding_fraction": 1 - window["tokens"] / max(window["padded"], 1)}
-            # A model's own training scalars (e.g. the learned-mixin gate), over this process's batches.
-            stats = getattr(raw_model, "training_stats", lambda: {})()
-            if stats:
-                rec["stats"] = stats
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", ex_s=f"{rec['examples_per_s']:.1f}",
-                            tok_s=f"{rec['tokens_per_s']:.0f}")
-            if lines:
-                print(f"train step {step}/{total_steps}  loss {rec['loss']:.4f}  lr {rec['lr']:.3g}  "
-                      f"{rec['examples_per_s']:.1f} ex/s  {rec['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
-            if main:
-                with open(out / "train_log.jsonl", "a", encoding="utf-8") as f:
-                    f.write(json.dumps(rec) + "\n")
-            if log_with:
-                acc.log({f"train/{k}": v for k, v in {**rec, **stats}.items() if k not in ("step", "stats")},
-                        step=step)
-            window = {"loss": 0.0, "n": 0, "examples": 0, "tokens": 0, "padded": 0, "t0": time.perf_counter()}
+def _train_epoch(run: _Run, loop: _Loop) -> None:
+    """The steps of the epoch `loop.step` is in, from there to the epoch's end (or the run's end, or
+    early stopping): its batch order (written to data_order/ by the main process), then step by step
+    training, logging, evaluating and saving."""
+    t = run.cfg.train
+    epoch = loop.step // run.sched.steps_per_epoch
+    batches = batch_order(run.lengths, t.batch_size, t.seed, epoch,
+                          length_grouping=t.length_grouping, group_batches=t.group_batches)
+    if run.main:
+        ids = [[run.examples[run.feats.example_index[w]].id for w in b] for b in batches]
+        atomic_write_json(run.out / "data_order" / f"epoch-{epoch}.json",
+                          {"seed": t.seed, "epoch": epoch, "batches": ids,
+                           "windows": [b.tolist() for b in batches]}, indent=None)
+    while loop.step < run.total_steps and loop.step // run.sched.steps_per_epoch == epoch:
+        _train_step(run, loop, batches)
+        if loop.step % t.log_every == 0 or loop.step == run.total_steps:
+            _log_step(run, loop)
+        _evaluate_and_save(run, loop)
+        if run.state.get("stopped_early"):  # the main metric stopped improving: best/ holds the best
+            return
 
-        pause = time.perf_counter()  # evaluation and saving do not count towards throughput
-        end_of_epoch = step % sched.steps_per_epoch == 0
-        do_eval = eval_ds is not None and (
-            step == total_steps or (t.eval_every and step % t.eval_every == 0)
-            or (not t.eval_every and end_of_epoch))
-        do_save = do_eval or step == total_steps or (t.save_every and step % t.save_every == 0)
-        if do_eval:
-            result = task.evaluate(model, tokenizer, cfg, eval_ds, out / "eval.tmp", accelerator=acc,
-                                   progress=progress)
-            metric_name, metric = task.main_metric(result)
-            state["metric_name"] = metric_name
-            if main:
-                with open(out / "eval_log.jsonl", "a", encoding="utf-8") as f:
-                    f.write(json.dumps({"step": step, **result}) + "\n")
-            if log_with:
-                acc.log({f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))
+
+def _train_step(run: _Run, loop: _Loop, batches: list) -> None:
+    """One optimizer step: its micro-batches (this process's share of `batches`, the epoch's order),
+    each with its perturbed passes, forward and backward; a non-finite loss on any process stops
+    the run before the step reaches the weights."""
+    t, acc, window = run.cfg.train, run.acc, loop.window
+    step = loop.step
+    t_step = time.perf_counter()
+    bad_loss = None
+    micro = run.sched.micro_batches(step % run.sched.steps_per_epoch, acc.process_index)
+    gen = torch.Generator().manual_seed(t.seed * 1_000_003 + step)
+    for j, bi in enumerate(micro):
+        batch = run.task.collate(run.feats, batches[bi], run.tokenizer, with_labels=True)
+        # The replace-perturbed batch, then one perturbed copy per augment perturbation.
+        passes = [move(b, acc.device) for b in training_passes(batch, run.replace, run.augment, gen)]
+        for b in passes:
+            run.updates.add_model_batch(run.raw_model, b)  # the ids the encoder is given (DyReF: queries, +2)
+            window["tokens"] += int(b["attention_mask"].sum())
+            window["padded"] += b["input_ids"].numel()
+        sync = j == len(micro) - 1
+        ctx = acc.no_sync(run.model) if not sync else contextlib.nullcontext()
+        with ctx:
+            loss = passes_loss(run.model, passes, run.task.targets)
+            acc.backward(loss / len(micro))
+        value = loss.item()
+        if not math.isfinite(value):
+            bad_loss = value
+        window["loss"] += value
+        window["n"] += 1
+        window["examples"] += len(batches[bi])
+    # A NaN/inf loss (on any process) stops the run before the step reaches the weights.
+    diverged = torch.tensor(float(bad_loss is not None), device=acc.device)
+    if acc.num_processes > 1:
+        diverged = acc.reduce(diverged, reduction="sum")
+    if diverged.item():
+        _diverged(run.out, step + 1, bad_loss, run.last_dir)
+    if t.max_grad_norm:
+        acc.clip_grad_norm_(run.model.parameters(), t.max_grad_norm)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.updates.end_step()
+    run.optimizer.zero_grad(set_to_none=True)
+    loop.step = step + 1
+    run.state["train_seconds"] += time.perf_counter() - t_step
+    loop.bar.update(1)
+
+
+def _log_step(run: _Run, loop: _Loop) -> None:
+    """A train_log.jsonl line (main process), the progress bar or line, the trackers; then a new window."""
+    acc, window, step = run.acc, loop.window, loop.step
+    dt = time.perf_counter() - window["t0"]
+    rec = {"step": step, "epoch": round(step / run.sched.steps_per_epoch, 4),
+           "loss": window["loss"] / max(window["n"], 1), "lr": run.scheduler.get_last_lr()[0],
+           "examples_per_s": window["examples"] * acc.num_processes / dt,
+           "tokens_per_s": window["tokens"] * acc.num_processes / dt,
+           "padding_fraction": 1 - window["tokens"] / max(window["padded"], 1)}
+    # A model's own training scalars (e.g. the learned-mixin gate), over this process's batches.
+    stats = getattr(run.raw_model, "training_stats", lambda: {})()
+    if stats:
+        rec["stats"] = stats
+    loop.bar.set_postfix(loss=f"{rec['loss']:.3f}", ex_s=f"{rec['examples_per_s']:.1f}",
+                         tok_s=f"{rec['tokens_per_s']:.0f}")
+    if loop.lines:
+        print(f"train step {step}/{run.total_steps}  loss {rec['loss']:.4f}  lr {rec['lr']:.3g}  "
+              f"{rec['examples_per_s']:.1f} ex/s  {rec['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
+    if run.main:
+        with open(run.out / "train_log.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+    if run.log_with:
+        acc.log({f"train/{k}": v for k, v in {**rec, **stats}.items() if k not in ("step", "stats")},
+                step=step)
+    loop.window = _new_window()
+
+
+def _evaluate_and_save(run: _Run, loop: _Loop) -> None:
+    """After a step: evaluate when due (eval_log.jsonl, best/ and eval/ on an improvement, early
+    stopping's count), save the resumable checkpoints/last when due. Not counted as training time."""
+    t, state, step, out = run.cfg.train, run.state, loop.step, run.out
+    pause = time.perf_counter()  # evaluation and saving do not count towards throughput
+    end_of_epoch = step % run.sched.steps_per_epoch == 0
+    do_eval = run.eval_ds is not None and (
+        step == run.total_steps or (t.eval_every and step % t.eval_every == 0)
+        or (not t.eval_every and end_of_epoch))
+    do_save = do_eval or step == run.total_steps or (t.save_every and step % t.save_every == 0)
+    if do_eval:
+        result = run.task.evaluate(run.model, run.tokenizer, run.cfg, run.eval_ds, out / "eval.tmp",
+                                   accelerator=run.acc, progress=run.progress)
+        metric_name, metric = run.task.main_metric(result)
+        state["metric_name"] = metric_name
+        if run.main:
+            with open(out / "eval_log.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, **result}) + "\n")
+        if run.log_with:
+            run.acc.log({f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))
                          and not isinstance(v, bool)}, step=step)
-            improved = state["best_metric"] is None or metric > state["best_metric"]
-            state["evals_without_improvement"] = 0 if improved else state.get("evals_without_improvement", 0) + 1
-            if t.early_stopping_patience and state["evals_without_improvement"] >= t.early_stopping_patience:
-                state["stopped_early"] = step
-            better = improved or not t.save_best
-            if better:
-                state["best_metric"], state["best_step"] = metric, step
-                if main:
-                    _save_best(raw_model, cfg, tokenizer, out, step, result)
-            elif main:
-                outputs.remove_dir(out / "eval.tmp", "train.output_dir")
-            model.train()
-        if do_save:
-            state["global_step"] = step
-            state["position_updates"] = updates.to_dict()
-            _save_last(acc, raw_model, optimizer, scheduler, cfg, tokenizer, state, last_dir, gather_object)
-        window["t0"] += time.perf_counter() - pause
-        if state.get("stopped_early"):  # the main metric stopped improving: best/ holds the best
-            break
-    bar.close()
+        improved = state["best_metric"] is None or metric > state["best_metric"]
+        state["evals_without_improvement"] = 0 if improved else state.get("evals_without_improvement", 0) + 1
+        if t.early_stopping_patience and state["evals_without_improvement"] >= t.early_stopping_patience:
+            state["stopped_early"] = step
+        better = improved or not t.save_best
+        if better:
+            state["best_metric"], state["best_step"] = metric, step
+            if run.main:
+                _save_best(run.raw_model, run.cfg, run.tokenizer, out, step, result)
+        elif run.main:
+            outputs.remove_dir(out / "eval.tmp", "train.output_dir")
+        run.model.train()
+    if do_save:
+        state["global_step"] = step
+        state["position_updates"] = run.updates.to_dict()
+        _save_last(run.acc, run.raw_model, run.optimizer, run.scheduler, run.cfg, run.tokenizer, state,
+                   run.last_dir, gather_object)
+    loop.window["t0"] += time.perf_counter() - pause
 
-    if eval_ds is None and main:
-        _save_best(raw_model, cfg, tokenizer, out, step, None)
+
+def _finish(run: _Run, step: int) -> dict:
+    """The end of a run that trained to its last step (or stopped early): best/ from the final
+    weights when there is no evaluation, position_updates.json, run_info.json `finished` with the
+    summary, which is returned."""
+    out, state = run.out, run.state
+    if run.eval_ds is None and run.main:
+        _save_best(run.raw_model, run.cfg, run.tokenizer, out, step, None)
         state["best_step"] = step
-    acc.wait_for_everyone()
+    run.acc.wait_for_everyone()
     summary = {"output_dir": str(out), "steps": step, "best_step": state["best_step"],
                "best_metric": state["best_metric"], "metric": state.get("metric_name"),
-               f"best_{state.get('metric_name') or 'metric'}": state["best_metric"], "train_seconds": round(state["train_seconds"], 2),
-               "wall_seconds": round(time.time() - started, 2)}
+               f"best_{state.get('metric_name') or 'metric'}": state["best_metric"],
+               "train_seconds": round(state["train_seconds"], 2),
+               "wall_seconds": round(time.time() - run.started, 2)}
     if state.get("stopped_early"):
         summary["stopped_early_at"] = state["stopped_early"]
-    if eval_ds is not None and (out / "eval" / "metrics.json").is_file():
+    if run.eval_ds is not None and (out / "eval" / "metrics.json").is_file():
         summary["eval"] = json.loads((out / "eval" / "metrics.json").read_text(encoding="utf-8"))
-    if main:
-        atomic_write_json(out / "position_updates.json", updates.to_dict(), indent=None)
-        run_info.update(status="finished", finished=now_iso(), summary=summary)
-        atomic_write_json(out / "run_info.json", run_info)
-    acc.end_training()
+    if run.main:
+        atomic_write_json(out / "position_updates.json", run.updates.to_dict(), indent=None)
+        run.run_info.update(status="finished", finished=now_iso(), summary=summary)
+        atomic_write_json(out / "run_info.json", run.run_info)
+    run.acc.end_training()
     return summary
 
 
@@ -614,7 +739,5 @@ def train_subset(examples: list, n: int | None, how: str, seed: int) -> list:
     if not n or n >= len(examples):
         return examples
     if how == "random":
-        import random
-
         return [examples[i] for i in sorted(random.Random(seed).sample(range(len(examples)), n))]
     return examples[:n]

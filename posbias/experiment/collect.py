@@ -20,7 +20,7 @@ def collect_results(exp: Experiment, run: Run) -> dict:
     The validation set is the run's `data.eval_file` (scored during training by its best
     checkpoint); each of the experiment's `eval_sets` is scored now with that checkpoint.
     """
-    from ..checkpoint import eval_config  # loads torch: on first use
+    from ..evaluation import eval_config  # loads torch: on first use
     from ..tasks import get_task  # loads the task packages, and torch: on first use
 
     task = get_task(run.config.task)

@@ -1,23 +1,32 @@
 """`posbias diagnose qa`: position analyses of any local QA model (posbias run or HF QA checkpoint)."""
 from __future__ import annotations
 
+import html
 import json
 import re
+import time
 from pathlib import Path
 
 import numpy as np
 
 from ..analysis.bias import NO_ANSWER
+from ..checkpoint import load_checkpoint
 from ..errors import ConfigError
-from ..analysis.report import md_table, short_name
+from ..evaluation import eval_config, write_run_meta
+from ..analysis.report import _plt, html_figure, html_page, html_table, md_table, plot_update_fractions, short_name
 from ..analysis.text import md_escape, plot_text
 from ..analysis.updates import PositionUpdateCounter
 from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, merged_text, note, position_axis, quality,
                                 quality_text, report_line, sentence, table_row, terminal_block)
+from ..outputs import staged_output
+from ..utils import atomic_write_json, atomic_write_text
+from . import metrics as M
 from .answer_length import answer_length_labels
 from .answer_sentence import answer_sentence_labels
+from .evaluate import evaluate_checkpoint
 from .positions import (first_x_labels, gold_mention_positions, predicted_start_positions,
                         quartile_labels)
+from .readers import read_dataset
 
 
 def _table(labels: dict[str, str], scores: dict[str, tuple[float, float]]) -> list[dict]:
@@ -102,10 +111,6 @@ def verdict_lines(summary: dict, output_dir) -> list[str]:
 
 def _html(title: str, intro: list[str], tables: dict, titles: dict, plots: list[Path], bias: dict) -> str:
     """The diagnosis as one self-contained page (plots embedded), the same content as diagnosis.md."""
-    import html
-
-    from ..analysis.report import html_figure, html_page, html_table
-
     head_line, head, body, notes = _bias_block(bias)
     parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Position bias</h2>", f"<p><b>{html.escape(head_line)}</b></p>",
              html_table(head, body)] + [f"<p>{html.escape(x)}</p>" for x in notes]
@@ -144,8 +149,6 @@ def plot_position_curve(positions: dict[str, int], scores: dict, max_seq_len: in
     counts (>= `min_size` each), each point at its bin's mean position with a 95% interval (mean ±
     1.96 standard errors) and its position range; the least-squares trend line; the front/rear
     boundary of the verdict (`axis`) as a dotted line."""
-    from ..analysis.report import _plt
-
     plt = _plt()
     qids = [q for q in positions if q in scores]
     x = np.array([positions[q] for q in qids], dtype=np.float64)
@@ -194,8 +197,6 @@ def _group_start(label: str) -> int | None:
 
 
 def plot_position_updates(updates: dict, path: Path, label: str = "") -> Path:
-    from ..analysis.report import plot_update_fractions
-
     return plot_update_fractions({label: PositionUpdateCounter.fractions(updates)}, path,
                                  f"Position-embedding updates ({updates['steps']} steps)")
 
@@ -210,8 +211,6 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
     EM/F1 by gold answer length (MaP Fig. 6) and by answer sentence (Ko et al. 2020), an
     F1-by-position plot and, for a posbias run, the position-embedding update plot (§2.3).
     The returned summary holds `verdict_lines`, what the terminal shows."""
-    from ..checkpoint import staged_output
-
     if isinstance(min_bucket, bool) or not isinstance(min_bucket, int) or min_bucket < 1:
         raise ConfigError(f"min_bucket must be a positive integer, got {min_bucket!r}")
     # Everything goes through a temporary folder, renamed when complete (`staged_output`).
@@ -223,14 +222,6 @@ def diagnose(model, data, output_dir, xs=(100,), overrides=None, progress: bool 
 def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias_samples: int = 2000,
               min_bucket: int = MIN_BUCKET, quality_floor: float = QUALITY_FLOOR) -> dict:
     """`diagnose`, writing into `out`, which becomes `final` when complete."""
-    import time
-
-    from ..checkpoint import eval_config, load_checkpoint, write_run_meta
-    from ..utils import atomic_write_json, atomic_write_text
-    from . import metrics as M
-    from .evaluate import evaluate_checkpoint
-    from .readers import read_dataset
-
     t0 = time.time()
     result = evaluate_checkpoint(model, data, out / "eval", overrides=overrides, progress=progress)
     _, tokenizer, mcfg = load_checkpoint(model, task="qa")

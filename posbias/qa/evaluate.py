@@ -11,14 +11,20 @@ import torch
 from tqdm.auto import tqdm
 
 from ..batching import eval_batches, move
-from ..config import RunConfig
+from ..config import RunConfig, build_config
 from ..errors import ConfigError, DataError
+from ..evaluation import evaluate_file, load_for_eval, write_run_meta
+from ..outputs import staged_output
 from ..records import unicode_problem
 from ..utils import atomic_write_json, interactive
+from . import metrics
+from .answer_length import answer_length_labels, breakdown
+from .answer_sentence import answer_sentence_labels
 from .collate import collate
 from .decode import WindowCandidates, batch_candidates, candidate_chars, decode
 from .examples import QADataset, QAExample
 from .features import QAFeatures, StreamedFeatures, build_qa_features, example_chunks
+from .readers import read_dataset
 
 # Evaluation builds windows a few examples at a time (features.StreamedFeatures): the first pass
 # tokenizes EVAL_CHUNK_CHARS characters of questions and contexts at a time, and at most
@@ -115,10 +121,6 @@ def score_predictions(examples: list[QAExample], predictions: dict, null_odds: d
     """The official SQuAD v1.1 / v2.0 result plus `by_answer_length` (MaP Fig. 6) and
     `by_answer_sentence` (Ko et al. 2020: 1, 2, 3, 4, 5+, "no answer"): bucket -> {"total", EM, "f1"},
     from the same per-question scores the overall numbers average."""
-    from . import metrics
-    from .answer_length import answer_length_labels, breakdown
-    from .answer_sentence import answer_sentence_labels
-
     gold = {e.id: e.gold_texts() for e in examples}
     if version == 2:
         result = metrics.squad_v2(gold, predictions, na_probs=null_odds or None)
@@ -190,8 +192,6 @@ def main_metric(result: dict) -> float:
 def evaluate_checkpoint(model, data, output_dir=None, overrides=None, progress: bool = True) -> dict:
     """Score a checkpoint (posbias or Hugging Face QA folder) on a QA file; writes predictions,
     metrics and the run's config/versions into `output_dir` when given."""
-    from ..checkpoint import evaluate_file
-
     return evaluate_file(model, data, output_dir, overrides, "qa", evaluate_dataset, progress=progress)
 
 
@@ -203,10 +203,6 @@ def predict_checkpoint(model, question: str | None = None, context: str | None =
     predictions.json, nbest.json, null_odds.json.
     """
     import time
-
-    from ..checkpoint import load_for_eval, staged_output, write_run_meta
-    from ..config import build_config
-    from .readers import read_dataset
 
     if (question is None) != (context is None) or (question is None) == (data is None):
         raise ConfigError("predict needs either question and context, or data")

@@ -16,9 +16,14 @@ import numpy as np
 import torch
 
 from ..analysis.text import plot_text
+from ..checkpoint import load_checkpoint
 from ..errors import ConfigError
+from ..evaluation import eval_config
 from ..outputs import output_folder
 from ..utils import atomic_write_json
+from .collate import collate
+from .evaluate import predict_examples
+from .examples import QAExample
 
 
 def query_attention(model, batch: dict) -> np.ndarray:
@@ -42,8 +47,6 @@ def _answer_tokens(offsets: np.ndarray, start: int, end: int) -> list[int]:
 
 def explain_attention(model_path, question: str, context: str, out_dir, answer: str | None = None) -> dict:
     """Write attention.png and attention.json to `out_dir`; returns what the JSON holds."""
-    from ..checkpoint import load_checkpoint
-
     if not question.strip() or not context.strip():
         raise ConfigError("question and context must be non-empty")
     model, tokenizer, mcfg = load_checkpoint(model_path, task="qa")
@@ -67,11 +70,6 @@ def example_attention(model, tokenizer, mcfg, question: str, context: str, answe
     {"tokens": ["[q_s]", "[q_e]", *window tokens], "attention": (2, 2 + N) array, "context_tokens",
     "predicted_tokens", "gold_tokens" (column indices), "answer", "gold", "window", ...}. The gold
     answer is found at `answer_start` (a character offset) or else at its first occurrence."""
-    from ..checkpoint import eval_config
-    from .collate import collate
-    from .evaluate import predict_examples
-    from .examples import QAExample
-
     cfg = eval_config(mcfg, None)
     example = QAExample(id="q0", question=question, context=context)
     preds, nbest, _, feats, _ = predict_examples(model, tokenizer, cfg, [example], source="<command line>",

@@ -24,8 +24,11 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from ..outputs import check_not_input, safe_name
+from ..errors import ConfigError
+from ..outputs import check_not_input, safe_name, staged_output
+from ..utils import atomic_write_json, atomic_write_text
 from .examples import QAExample
+from .readers import read_dataset
 from .sentences import DEFAULT_LAST, NO_ANSWER, answer_sentence, sentence_label
 
 WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
@@ -103,8 +106,6 @@ ANSWER_SENTENCE = re.compile(r"([0-9]+)(\+?)")
 
 def parse_answer_sentence(spec) -> tuple[int, bool]:
     """`--answer-sentence` "K" or "K+" (an int K too) -> (K, whether later sentences count as well)."""
-    from ..errors import ConfigError
-
     m = None if isinstance(spec, bool) else ANSWER_SENTENCE.fullmatch(str(spec))
     if m is None or int(m.group(1)) < 1:
         raise ConfigError(f"--answer-sentence must be K or K+ with K a positive integer (e.g. 1, 3, 2+), got {spec!r}")
@@ -176,10 +177,6 @@ def build_dataset(inputs, out_dir, *, truncate: int | None = None, truncate_rang
     first occurrence and may lie in an earlier sentence than the annotated one. Its matching random
     control is the same build without `answer_sentence`, with `exclude_ambiguous` and `sample` set to
     the number of instances this one wrote (stats.md names it)."""
-    from ..checkpoint import staged_output
-    from ..errors import ConfigError
-    from .readers import read_dataset
-
     safe_name(name, "--name")  # the file name of the set written
     check_not_input(out_dir, inputs, "--out")
     if truncate is not None and truncate_range is not None:
@@ -232,8 +229,6 @@ def _write_build(out: Path, parts: dict, inputs, label, seed, n_read, before, av
                  before_filtering: dict, v2_input: bool, selection: dict) -> dict:
     """The split files, stats.md and stats.json of `build_dataset`, into the staged folder `out`."""
     from importlib.metadata import version as package_version
-
-    from ..utils import atomic_write_json, atomic_write_text
 
     stats = {"inputs": [str(p) for p in inputs], "label": label, "seed": seed, "read": n_read,
              "excluded_ambiguous": n_read - before["instances"], "before_truncation": before,

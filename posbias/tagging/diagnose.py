@@ -14,11 +14,17 @@ from urllib.parse import quote
 
 import numpy as np
 
-from ..analysis.report import short_name
+from ..analysis.report import _plt, html_figure, html_page, html_table, md_table, short_name
 from ..analysis.text import md_escape, plot_text
 from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, alpha_axis, curve_intervals, evidence, note,
                                 psi, quality, quality_text, report_line, sentence, table_row, terminal_block)
-from .duplicated import MODES, sentence_counts
+from ..evaluation import load_for_eval, write_run_meta
+from ..outputs import staged_output
+from ..utils import atomic_write_json, atomic_write_text
+from .duplicated import MODES, length_subset, position_eval, sentence_counts
+from .evaluate import align_labels
+from .inputs import length_pool, read_for
+from .stats import class_positions, plot_class_positions, plot_length_density
 
 _NAMES = {"f1": "F1", "precision": "Prec", "recall": "Rec", "accuracy": "Acc", "macro_f1": "macro F1",
           "consistency": "consistency", "f1_seqeval_subtoken": "sub-token F1"}
@@ -78,8 +84,6 @@ def plot_position_curves(result: dict, path: Path, title: str) -> Path:
     ± sample std over k >= α as a band, said in the legend), each k as a thin line; shift mode
     dashed, with its interval where there is one. The main metric's panel says the verdict's
     front − rear effect."""
-    from ..analysis.report import _plt
-
     plt = _plt()
     keys = _keys(result)
     fig, axes = plt.subplots(1, len(keys), figsize=(3.4 * len(keys), 3.4), squeeze=False)
@@ -116,8 +120,6 @@ def plot_position_curves(result: dict, path: Path, title: str) -> Path:
 
 def plot_per_class(result: dict, path: Path, title: str) -> Path | None:
     """Per-class F1(α) (duplicate mode, mean over k >= α), the classes the paper's Fig. 9 shows."""
-    from ..analysis.report import _plt
-
     dup = result.get("duplicate")
     if not dup:
         return None
@@ -275,9 +277,6 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
     """diagnosis.md / .html / .json and the plots of a `position_eval` result, into `out`; the
     verdict (`position_verdict`) first, also stored in `result["position_bias"]`. The result's
     per-sentence counts are used for the intervals and taken out of it (they are not JSON)."""
-    from ..analysis.report import html_figure, html_page, html_table, md_table, short_name
-    from ..utils import atomic_write_json, atomic_write_text
-
     out.mkdir(parents=True, exist_ok=True)
     counts = sentence_counts(result)
     result["position_bias"] = bias = position_verdict(result, counts, min_size=min_size, samples=samples, floor=floor)
@@ -354,12 +353,6 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
     Returns the `position_eval` result with the verdict (`position_bias`, `verdict_lines`: what
     the terminal shows; `bias_samples` bootstrap resamples over sentences, fewer than `min_bucket`
     evaluated sentences: too few to tell, a warning under `quality_floor` points) and the paths written."""
-    from ..checkpoint import load_for_eval, staged_output, write_run_meta
-    from .duplicated import length_subset, position_eval
-    from .stats import class_positions, plot_class_positions, plot_length_density
-    from .evaluate import align_labels
-    from .inputs import length_pool, read_for
-
     t0 = time.time()
     # Everything goes through a temporary folder, renamed when complete (`staged_output`).
     with staged_output(output_dir) as out:
@@ -398,8 +391,6 @@ def plot_methods_by_alpha(results: dict, plots_dir) -> list[tuple[str, Path]]:
     """Experiment report figures: for each position evaluation (metrics named "<set> D*(k)"), the
     main metric against α per method, mean ± sample std over seeds, duplicate (solid) and shift
     (dashed) mode."""
-    from ..analysis.report import _plt
-
     finished = [r for r in results["runs"] if r["status"] == "finished"]
     sets = sorted({k for r in finished for k, m in r["metrics"].items() if "report" in m})
     out = []

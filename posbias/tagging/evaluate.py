@@ -16,13 +16,16 @@ from tqdm.auto import tqdm
 
 from ..batching import eval_batches, move
 from ..errors import ConfigError
+from ..evaluation import evaluate_file, load_for_eval, write_run_meta
+from ..outputs import staged_output
 from ..utils import atomic_write_json, atomic_write_text, interactive
 from . import columns, metrics
 from .collate import collate
 from .examples import TaggingDataset, TaggingExample
 from .features import TaggingFeatures, build_tagging_features
+from .inputs import read_for
 from .model import generic_label_names
-from .schemes import parse_tag
+from .schemes import convert, parse_tag
 
 WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)  # raw text -> words (runs of word characters, or punctuation)
 
@@ -134,8 +137,6 @@ def evaluate_dataset(model, tokenizer, cfg, dataset: TaggingDataset, out_dir=Non
     preds, (sub_preds, counts) = ran if pos else (ran, (None, None))
     examples, model_gold = dataset.examples, [e.tags for e in dataset.examples]
     if not pos:
-        from .schemes import convert
-
         data_scheme = dataset.file_scheme
         gold = [convert(t, dataset.scheme, data_scheme) if dataset.scheme != data_scheme else t for t in model_gold]
         if dataset.scheme != net.scheme:  # what the model was asked to predict, for the check below
@@ -263,8 +264,6 @@ def _evaluate_aligned(model, tokenizer, cfg, dataset, out_dir=None, *, progress:
 def evaluate_checkpoint(model, data, output_dir=None, overrides=None, progress: bool = True) -> dict:
     """Score a checkpoint (posbias or Hugging Face token-classification folder) on a tagging file;
     writes predictions, metrics and the run's config/versions into `output_dir` when given."""
-    from ..checkpoint import evaluate_file
-
     return evaluate_file(model, data, output_dir, overrides, "tagging", _evaluate_aligned, progress=progress)
 
 
@@ -282,9 +281,6 @@ def predict_checkpoint(model, text: str | None = None, data=None, output_dir=Non
     {"type", "start_char", "end_char", "text", "words": [first, last + 1]}. With `output_dir`, also
     writes predictions.conll and predictions.jsonl.
     """
-    from ..checkpoint import load_for_eval, staged_output, write_run_meta
-    from .inputs import read_for
-
     if (text is None) == (data is None):
         raise ConfigError("predict tagging needs either text or data")
     with staged_output(output_dir) as out:

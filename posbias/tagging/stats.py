@@ -13,15 +13,18 @@ from urllib.parse import quote
 
 import numpy as np
 
+from ..analysis.report import _plt
 from ..analysis.text import md_escape, plot_text
+from ..config import resolve_path
+from ..outputs import staged_output
 from ..utils import atomic_write_json, atomic_write_text
+from .metrics import entities
+from .readers import read_tagging
 
 
 def class_positions(dataset) -> dict[str, np.ndarray]:
     """Per class, the 0-based word position of every entity start (entity schemes) or of every
     word with that tag (POS), over the whole dataset."""
-    from .metrics import entities
-
     tagged = [e.tags for e in dataset.examples if e.tags is not None]
     pos: dict[str, list[int]] = {}
     if dataset.scheme != "none":
@@ -37,8 +40,6 @@ def class_positions(dataset) -> dict[str, np.ndarray]:
 
 def dataset_stats(dataset) -> dict:
     """The statistics of one read dataset (see the module docstring)."""
-    from .metrics import entities
-
     lengths = np.array([len(e.words) for e in dataset.examples], dtype=np.int64)
     out = {"path": dataset.path, "format": dataset.format, "scheme": dataset.scheme,
            "source_scheme": dataset.source_scheme, "sentences": int(len(lengths)), "words": int(lengths.sum()),
@@ -67,8 +68,6 @@ def plot_length_density(lengths: dict[str, np.ndarray], path, bounds: dict | Non
     hi) shades a D* range."""
     from scipy.stats import gaussian_kde
 
-    from ..analysis.report import _plt
-
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.8))
     top = max(int(np.percentile(x, 99.5)) for x in lengths.values() if len(x)) + 5
@@ -94,8 +93,6 @@ def plot_class_positions(positions: dict[str, np.ndarray], path, title: str, max
                          max_position: int = 60) -> Path:
     """Histograms of the word position of each class (entity starts or tagged words), the most
     frequent `max_classes` classes, positions beyond `max_position` in the last bin (Figs. 3-5)."""
-    from ..analysis.report import _plt
-
     plt = _plt()
     top = sorted(positions, key=lambda t: -len(positions[t]))[:max_classes]
     cols = min(4, max(len(top), 1))
@@ -151,9 +148,6 @@ def data_stats(data, output_dir=None, *, format: str = "auto", tag: str = "upos"
                scheme: str = "auto", word_column: int = 0) -> dict:
     """Statistics of each file in `data` (a path or a list); with `output_dir`, writes stats.md and
     stats.json there. Returns {"files": [...], "markdown": str}."""
-    from ..config import resolve_path
-    from .readers import read_tagging
-
     paths = [data] if isinstance(data, (str, Path)) else list(data)
     datasets = [read_tagging(resolve_path(str(p)), format=format, tag=tag, tag_column=tag_column, scheme=scheme,
                              word_column=word_column) for p in paths]
@@ -161,8 +155,6 @@ def data_stats(data, output_dir=None, *, format: str = "auto", tag: str = "upos"
     if output_dir is None:
         md = markdown(stats)
         return {"files": stats, "markdown": md}
-    from ..checkpoint import staged_output
-
     written = {"stats.md", "stats.json", "length_density.png", *(f"class_positions_{i + 1}.png" for i in range(len(paths)))}
     with staged_output(output_dir, written) as out:  # the whole set replaces the folder's, or nothing does
         names = [f"{i + 1}: {Path(str(p)).name}" for i, p in enumerate(paths)]

@@ -93,7 +93,7 @@ def test_evaluate_killed_mid_write_keeps_the_previous_outputs(models, tmp_path, 
     out = tmp_path / "ev"
     before = _old_outputs(out)
     # run_info.json is written after predictions.json, nbest.json and metrics.json
-    monkeypatch.setattr("posbias.checkpoint.write_run_meta", _killed)
+    monkeypatch.setattr("posbias.evaluation.write_run_meta", _killed)
     with pytest.raises(KeyboardInterrupt):
         posbias.evaluate(models["qa"], DEMO_DEV, out, overrides=["data.max_eval_examples=4"], progress=False)
     assert _files(out) == before
@@ -113,7 +113,7 @@ def test_diagnose_qa_failing_after_its_evaluation_keeps_the_previous_outputs(mod
 def test_predict_tagging_failing_mid_write_keeps_the_previous_outputs(models, tmp_path, monkeypatch):
     out = tmp_path / "pt"
     before = _old_outputs(out)
-    monkeypatch.setattr("posbias.checkpoint.write_run_meta", _killed)
+    monkeypatch.setattr("posbias.tagging.evaluate.write_run_meta", _killed)
     with pytest.raises(KeyboardInterrupt):
         posbias.predict(models["tagging"], data="demo:wnut-dev", output_dir=out)
     assert _files(out) == before

@@ -95,8 +95,8 @@ def test_the_package_has_no_import_circle():
 
 def test_the_core_imports_no_task_package():
     graph = import_graph()
-    for core in ("posbias.config", "posbias.compat", "posbias.checkpoint", "posbias.encoders", "posbias.registry",
-                 "posbias.utils", "posbias.outputs", "posbias.analysis.report"):
+    for core in ("posbias.config", "posbias.compat", "posbias.checkpoint", "posbias.evaluation", "posbias.encoders",
+                 "posbias.registry", "posbias.utils", "posbias.outputs", "posbias.analysis.report"):
         assert not [m for m in graph[core] if m.startswith(("posbias.qa", "posbias.tagging", "posbias.tasks",
                                                              "posbias.experiment", "posbias.training"))], core
 
@@ -114,7 +114,7 @@ def test_a_planted_circle_is_found(tmp_path):
 
 
 @pytest.mark.parametrize("module, loaded", [("posbias", "[]"), ("posbias.config", "[]"), ("posbias.compat", "[]"),
-                                             ("posbias.checkpoint", "['torch']")])
+                                             ("posbias.checkpoint", "['torch']"), ("posbias.evaluation", "['torch']")])
 def test_importing_the_core_loads_no_task(module, loaded):
     # `import posbias` and the CLI's argument errors stay fast: the tasks (and torch) load on first use.
     import subprocess

@@ -14,7 +14,7 @@ import yaml
 
 import posbias
 from posbias import outputs
-from posbias.checkpoint import staged_output
+from posbias.outputs import staged_output
 from posbias.config import PRESETS, build_config
 from posbias.errors import ConfigError
 from posbias.experiment import claim, connect, copy_results, load_experiment, release

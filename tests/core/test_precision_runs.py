@@ -86,9 +86,9 @@ def test_bf16_evaluation_scores_as_fp32(trained, tmp_path, monkeypatch):
     """The same checkpoint evaluated in fp32 and bf16: the forward really ran in bf16 (the output
     dtype of the encoder's first linear layer, seen by a hook), and EM/F1 stay within a few questions of fp32 (a random tiny model
     has near-tied spans, so a handful of answers may flip)."""
-    import posbias.checkpoint as ck
+    import posbias.evaluation as ev  # where evaluation looks load_checkpoint up
 
-    seen, real = [], ck.load_checkpoint
+    seen, real = [], ev.load_checkpoint
 
     def hooked(*a, **k):
         net, tok, cfg = real(*a, **k)
@@ -96,7 +96,7 @@ def test_bf16_evaluation_scores_as_fp32(trained, tmp_path, monkeypatch):
         linear.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
         return net, tok, cfg
 
-    monkeypatch.setattr(ck, "load_checkpoint", hooked)
+    monkeypatch.setattr(ev, "load_checkpoint", hooked)
     res = {}
     for precision in ("fp32", "bf16"):
         seen.clear()

@@ -274,9 +274,7 @@ def test_data_build_killed_midway_leaves_the_previous_build(tmp_path, monkeypatc
     truncate.build_dataset([DEMO_DEV], out, split=True, seed=4, sample=20)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     calls = {"n": 0}
-    import posbias.utils as utils
-
-    original = utils.atomic_write_json
+    original = truncate.atomic_write_json
 
     def dies_after_first_file(path, obj, indent=2):
         calls["n"] += 1
@@ -284,13 +282,13 @@ def test_data_build_killed_midway_leaves_the_previous_build(tmp_path, monkeypatc
             raise KeyboardInterrupt  # killed after writing val.json of the new build
         return original(path, obj, indent)
 
-    monkeypatch.setattr(utils, "atomic_write_json", dies_after_first_file)
+    monkeypatch.setattr(truncate, "atomic_write_json", dies_after_first_file)
     with pytest.raises(KeyboardInterrupt):
         truncate.build_dataset([DEMO_DEV], out, split=True, seed=5, sample=30)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no mix of two builds
     assert not (tmp_path / "d.tmp").exists()
     (out / "notes.txt").write_text("mine", encoding="utf-8")
-    monkeypatch.setattr(utils, "atomic_write_json", original)
+    monkeypatch.setattr(truncate, "atomic_write_json", original)
     with pytest.raises(ConfigError, match="holds 'notes.txt', which posbias did not write"):
         truncate.build_dataset([DEMO_DEV], out, split=True, seed=5, sample=30)
 

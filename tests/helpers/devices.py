@@ -2,7 +2,7 @@
 rule that keeps every other test on the CPU, also on a machine with a GPU.
 
 Why the rule: `train.device` and `--device` default to `auto`, the first CUDA GPU when torch sees one,
-and evaluating a checkpoint always starts from `auto` (`posbias.checkpoint.eval_config`). On a GPU box
+and evaluating a checkpoint always starts from `auto` (`posbias.evaluation.eval_config`). On a GPU box
 the ordinary suite would then move onto CUDA, where the tests that assert CPU exactness (resume ends
 with the same weights, float32 parity, bit-equal reloads) need not hold. So, explicitly:
 - in this process, `posbias.devices.resolve_device("auto")` is the CPU for every test that does not
