@@ -87,6 +87,8 @@ def plugin_dir(tmp_path_factory):
 
 @pytest.fixture
 def plugin_loaded(plugin_dir, monkeypatch):
+    """The plug-in loaded in this process through its entry point (its names stay registered: the
+    head and the perturbation are complete, so later tests that walk the registries can build them)."""
     monkeypatch.syspath_prepend(str(plugin_dir))
     monkeypatch.setitem(registry._plugins, "loaded", False)  # look for entry points again in this process
     registry.load_plugins()

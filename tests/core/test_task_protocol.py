@@ -50,6 +50,7 @@ class EchoTask:
     reach it through the protocol."""
 
     name = "echo_test_task"
+    hf_suffix = "ForEchoTest"
 
     def __init__(self):
         self.calls = []
@@ -67,10 +68,7 @@ class EchoTask:
 def test_the_api_reaches_a_new_task_through_the_protocol(monkeypatch, tmp_path):
     task = EchoTask()
     task.predict_inputs = ("text",)
-    if task.name not in TASKS._table:
-        TASKS.register(task.name)(task)
-    else:
-        monkeypatch.setitem(TASKS._table, task.name, task)
+    monkeypatch.setitem(TASKS._table, task.name, task)  # registered for this test only
     monkeypatch.setattr(tasks, "_checkpoint_task_name", lambda model: task.name)
     assert posbias.evaluate("m", "d.txt") == {"member": "evaluate_checkpoint"}
     assert posbias.predict("m", text="a b") == {"member": "predict_checkpoint"}
