@@ -15,8 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import outputs
-from .config import PRESETS, RunConfig, config_from, load_yaml
-from .errors import ConfigError
+from .config import PRESETS, RunConfig, config_from, load_yaml, resolve_path
+from .errors import ConfigError, DataError
+from .hf_datasets import dataset_name, is_dataset_dict, is_hf_dataset
 
 
 def load_config(spec=None, overrides=None) -> RunConfig:
@@ -34,7 +35,7 @@ def train(config, overrides=None, resume: str | None = None, overwrite: bool = F
             (its `train` split, evaluated on `validation`, else `test`, when it has one) or a
             Dataset (training only). The config records each one's name, size and fingerprint.
     """
-    from .training import train as _train
+    from .training import train as _train  # loads torch and the tasks: `import posbias` stays light
 
     cfg = load_config(config, overrides)
     if task is not None and cfg.task != task:
@@ -42,8 +43,6 @@ def train(config, overrides=None, resume: str | None = None, overwrite: bool = F
                           f"or set task: {task} in the config")
     splits = None
     if data is not None:
-        from .hf_datasets import dataset_name, is_dataset_dict, is_hf_dataset
-
         if not is_hf_dataset(data):
             raise ConfigError("data= takes a datasets.Dataset or DatasetDict (files go in data.train_file)")
         if not is_dataset_dict(data):
@@ -60,7 +59,7 @@ def train(config, overrides=None, resume: str | None = None, overwrite: bool = F
 
 def _task_of(model, task: str | None):
     """The task object of a checkpoint folder (`posbias.tasks.checkpoint_task`)."""
-    from .tasks import checkpoint_task
+    from .tasks import checkpoint_task  # loads torch and the tasks: `import posbias` stays light
 
     return checkpoint_task(model, task)
 
@@ -92,13 +91,10 @@ def score(data, predictions, na_probs=None, version: str = "auto", task: str = "
     """QA: score an official-format predictions file (id -> text) like the official SQuAD script.
     Tagging: score a CoNLL predictions file against a gold file (options: see
     `posbias.tagging.metrics.score_files`)."""
-    from .config import resolve_path
-    from .errors import DataError
-
     for path in (predictions, na_probs):
         if path is not None and not Path(path).is_file():
             raise DataError(path, None, f"cannot read file: {'not a file' if Path(path).exists() else 'no such file'}")
-    from .tasks import get_task
+    from .tasks import get_task  # loads torch and the tasks: `import posbias` stays light
 
     if na_probs is not None:
         options["na_probs"] = na_probs
@@ -137,7 +133,7 @@ def diagnose(model, data, output_dir, xs=None, overrides=None, progress: bool = 
 
 def explain_attention(model, question: str, context: str, output_dir, answer: str | None = None) -> dict:
     """DyReF's query attention for one question + context (paper Fig. 3): attention.png + .json."""
-    from .qa.explain import explain_attention as _explain
+    from .qa.explain import explain_attention as _explain  # loads torch (the QA task): `import posbias` stays light
 
     return _explain(model, question, context, output_dir, answer=answer)
 
@@ -183,7 +179,7 @@ def export(model, out_dir) -> Path:
 
 def data_stats(data, output_dir=None, **options) -> dict:
     """Statistics of a tagging file: sentences, length distribution, entities (or tags) per class."""
-    from .tagging.stats import data_stats as _stats
+    from .tagging.stats import data_stats as _stats  # a task package: `import posbias` loads none
 
     return _stats(data, output_dir, **options)
 
@@ -199,7 +195,7 @@ def demo(output_dir: str | None = None, overrides=None, progress: bool = True) -
 
 def experiment_run(spec, output_dir=None, **kw) -> dict:
     """Run (or resume) an experiment grid; see `posbias.experiment.run.run_experiment`."""
-    from .experiment import run_experiment
+    from .experiment import run_experiment  # the experiment layer sits above the tasks: loaded on first use
 
     return run_experiment(experiment_spec_path(spec), output_dir, **kw)
 
@@ -207,7 +203,7 @@ def experiment_run(spec, output_dir=None, **kw) -> dict:
 def experiment_copy(src_dir, dest_dir, force: bool = False) -> dict:
     """Copy finished runs' results (not checkpoints) between experiment folders; see
     `posbias.experiment.archive.copy_results`."""
-    from .experiment import copy_results
+    from .experiment import copy_results  # the experiment layer sits above the tasks: loaded on first use
 
     return copy_results(src_dir, dest_dir, force=force)
 
@@ -216,7 +212,7 @@ def experiment_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[st
                       baseline: str | None = None, output_dir=None) -> dict:
     """Write report.md, report.html and plots/ for an experiment folder (into `output_dir`, default
     the folder itself); `only` (run-name patterns) and `baseline` (a method) pick a sub-comparison."""
-    from .experiment.report import write_report
+    from .experiment.report import write_report  # loads torch and the tasks: `import posbias` stays light
 
     with outputs.output_lock(output_dir or exp_dir, "experiment report: output folder"):  # one writer at a time
         return write_report(exp_dir, bootstrap_samples=bootstrap_samples, only=only, baseline=baseline,

@@ -9,13 +9,12 @@ from pathlib import Path
 
 from .errors import PosbiasError, known_failure
 from .records import unicode_problem
+from .utils import json_text
 
 SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "diagnose", "explain", "demo", "experiment", "data"]
 
 
 def _print(obj) -> None:
-    from .utils import json_text  # lazy like `api`: `posbias --help` stays quick
-
     print(json_text(obj, indent=2))  # NaN and ±inf as null: valid JSON for the next program
 
 
@@ -350,7 +349,7 @@ def _evaluate(args, api) -> None:
 
 
 def _predict(args, api) -> None:
-    from .tasks import get_task
+    from .tasks import get_task  # loads torch and the tasks: `posbias --help` stays quick
 
     options = _options(args)
     res = api.predict(args.model, data=args.data, output_dir=args.output_dir, overrides=args.overrides,
@@ -422,7 +421,7 @@ def _data_stats(args, api) -> None:
 
 
 def _data_build(args, api) -> None:
-    from .qa.truncate import build_dataset
+    from .qa.truncate import build_dataset  # loads torch (the QA task): `posbias --help` stays quick
 
     stats = build_dataset(args.input, args.out, truncate=args.truncate,
                           truncate_range=tuple(args.truncate_range) if args.truncate_range else None,
@@ -456,7 +455,7 @@ HANDLERS = {
 
 
 def run(args) -> int:
-    from . import api
+    from . import api  # the front calls down on use only (handlers get `api` as an argument)
 
     HANDLERS[args.command, getattr(args, "action", None)](args, api)
     return 0

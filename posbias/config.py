@@ -18,6 +18,7 @@ from .limits import YAML_LIMIT, check_yaml_graph, check_yaml_text, read_bytes
 from .registry import TASKS
 from .typed import (INT64, UNBOUNDED, Bound, _check_type, _from_dict, _num, _type_name,  # noqa: F401  (names
                     _unknown_key, bounded, check_bound, choice, dotted_keys)  # callers import from config)
+from .utils import atomic_write_text
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 RESOURCES = PACKAGE_DIR / "resources"
@@ -345,14 +346,12 @@ def config_from(spec=None, overrides=None) -> RunConfig:
 
 def save_config(cfg: RunConfig, path) -> None:
     """Write `cfg` as YAML, with its `config_version` (`RunConfig.to_dict`)."""
-    from .utils import atomic_write_text
-
     atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def validate(cfg: RunConfig) -> None:
     """Cross-field checks of the shared sections, then the task's own; errors name the dotted key."""
-    from . import perturb as _perturb  # registers the built-in perturbations
+    from . import perturb as _perturb  # registers the built-in perturbations; loads torch: `import posbias` stays light
 
     m, d, t = cfg.model, cfg.data, cfg.train
     if not m.name_or_path and not m.encoder:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 from .errors import ConfigError
+from .utils import cpu_name
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
@@ -37,8 +38,6 @@ def resolve_device(spec: str = "auto", key: str = "train.device"):
 def describe(device) -> dict:
     """The hardware a run used, for run_info.json."""
     import torch
-
-    from .utils import cpu_name
 
     out = {"device": str(device), "cpu": cpu_name(), "torch_threads": torch.get_num_threads()}
     if device.type == "cuda":

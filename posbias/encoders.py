@@ -19,7 +19,8 @@ from .errors import ConfigError
 from .limits import load_json
 from .position_kind import PositionKind, position_kind  # noqa: F401  (re-exported: the encoders' view)
 
-from .relative_position import RELATIVE_KINDS  # noqa: E402  (provided there)
+from .relative_position import (DISTANCE_WEIGHT, RELATIVE_KINDS,  # noqa: E402  (provided there)
+                                apply_relative_positions, load_distance_embeddings, relative_kind)
 
 # Every from_pretrained below reads a local folder: a model given by Hub id is first brought into
 # the Hugging Face cache by `local_dir` (online or offline, as the user's environment says), which
@@ -88,8 +89,6 @@ def relative_from_4x(model, path: str, key: str, info: dict) -> list[str]:
     Raises a ConfigError naming the folder when its weights hold distance tables but its config.json
     does not say relative: loading those as absolute would silently be another model.
     """
-    from .relative_position import DISTANCE_WEIGHT, apply_relative_positions, load_distance_embeddings, relative_kind
-
     kind = relative_kind(model.config)
     if kind is None:
         tables = sorted(k for k in info.get("unexpected_keys", ()) if k.endswith(DISTANCE_WEIGHT))
@@ -362,8 +361,6 @@ def encoder_from_config(config):
         encoder = AutoModel.from_config(config, trust_remote_code=False)
     kind = getattr(config, "position_embedding_type", None)
     if kind in RELATIVE_KINDS:
-        from .relative_position import apply_relative_positions
-
         apply_relative_positions(encoder, kind, "config.json")
     return encoder
 
@@ -402,8 +399,6 @@ def load_encoder(mcfg: ModelConfig, tokenizer):
         if hasattr(encoder, "init_new_weights"):  # posbias's own encoders (BiDAF: embeddings from a model)
             encoder.init_new_weights()
     if mcfg.position_embedding_type in RELATIVE_KINDS:
-        from .relative_position import apply_relative_positions
-
         apply_relative_positions(encoder, mcfg.position_embedding_type, "model.position_embedding_type")
     if len(tokenizer) > encoder.config.vocab_size:
         raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the encoder's vocabulary only "

@@ -45,11 +45,17 @@ import warnings
 import torch
 
 from .tokens import separator_id, special_tokens
+from .encoders import position_id_base, position_ids
 from .errors import ConfigError
 from .perturb import build_perturbation
 from .perturb.context_concat import concatenate_contexts
 from .perturb.position_shift import (sample_random_padding, sample_randomized_positions, sample_rpp, shift_effect,
                                      shift_position_ids)
+from .precision import VALUES, autocast, resolve_precision
+from .tagging.duplicated import position_eval, summary
+from .tagging.evaluate import align_labels
+from .tagging.model import tagger_view
+from .tagging.readers import read_tagging
 
 METHODS = ("rpp", "random_padding", "randomized_positions")
 MODES = ("replace", "augment")
@@ -67,8 +73,6 @@ def position_numbering(model) -> tuple[int, int, int | None]:
     says so (`shift_effect`): relative or rotary positions (DeBERTa, ModernBERT, RoFormer,
     Llama), no position table (BLOOM, XLNet); so is a forward that takes no `position_ids`. One
     that still moves something (DeBERTa's position_biased_input) gets a warning."""
-    from .encoders import position_id_base
-
     moves, why = shift_effect(model.config)
     if not moves:
         raise ConfigError(f"{type(model).__name__}: {why}; position shifting (Random Padding, RPP) cannot act on "
@@ -209,7 +213,6 @@ class PositionShiftCollator:
         shifted = self.shift(batch)
         if self.mode == "replace":
             return shifted
-        from .encoders import position_ids
 
         clean = dict(batch, position_ids=position_ids(batch["attention_mask"], self.base, self.pad_position))
         pads = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE,
@@ -241,8 +244,6 @@ class ContextPerturbationCollator:
 
     def __init__(self, collator, model, tokenizer, *, max_len: int | None = None, seed: int = 0,
                  mode: str = "augment"):
-        from .encoders import position_id_base
-
         self.collator, self.mode, self.model = collator, _check_mode(mode), model
         _install_hook(model)
         n_pos = getattr(model.config, "max_position_embeddings", None)
@@ -309,8 +310,6 @@ class _BindTarget:
     position_offset = 0
 
     def __init__(self, model):
-        from .encoders import position_id_base
-
         self.encoder = _base_model(model)
         self.position_base, self.position_pad = position_id_base(self.encoder)
 
@@ -395,8 +394,6 @@ class PerturbationCollator:
             return perturbed
         clean = dict(batch)
         if "position_ids" in perturbed and "position_ids" not in clean:
-            from .encoders import position_ids
-
             clean["position_ids"] = position_ids(batch["attention_mask"], self.base, self.pad_position)
         pads = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0, "labels": IGNORE,
                 "position_ids": self.pad_position}
@@ -446,12 +443,9 @@ class PositionBiasCallback(_callback_base()):
                  quantiles=(0.25, 0.75), alphas=(1, 5, 10), batch_tokens: int = 16_384,
                  metric_key_prefix: str = "eval", label_map: dict | None = None, precision: str = "trainer",
                  length_pool=None):
-        from .precision import VALUES
-
         if precision != "trainer" and precision not in VALUES:
             raise ConfigError(f"precision must be trainer or one of {', '.join(VALUES)}, got {precision!r}")
         self.precision = precision
-        from .tagging.readers import read_tagging
 
         def is_path(d) -> bool:
             return isinstance(d, (str, bytes, os.PathLike))
@@ -487,12 +481,6 @@ class PositionBiasCallback(_callback_base()):
     def position_metrics(self, model, args=None) -> dict:
         """F1(α) (POS: accuracy(α)) of a Hugging Face token-classification model, by name; `args`:
         the Trainer's TrainingArguments (their bf16 / fp16 under `precision="trainer"`)."""
-        from .precision import autocast, resolve_precision
-        from .tagging.duplicated import position_eval, summary
-        from .tagging.model import tagger_view
-
-        from .tagging.evaluate import align_labels
-
         spec = self.precision
         if spec == "trainer":
             spec = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from .text import md_escape, plot_text
+from .updates import PositionUpdateCounter
+from .verdict import EVIDENCE_WORDS
 
 SIGNIFICANCE = 0.05
 
@@ -151,8 +153,6 @@ def bias_sentences(rows: list[dict], esc=str) -> list[str]:
     val: the rear group (Q4, n=120) scores 4.1 F1 lower than the front one (Q1, n=130) [95% CI over
     seeds 1.2 to 7.0]; evidence of position bias: yes.". `esc` formats the names and labels taken from
     the experiment (`md_escape` for Markdown)."""
-    from .verdict import EVIDENCE_WORDS
-
     first: dict = {}
     for r in rows:
         first.setdefault((_scope(r), r["eval_set"]), r["bucketing"])
@@ -386,8 +386,6 @@ def plot_updates(results: dict, path: Path) -> Path | None:
     """Position-embedding updates of an experiment, mean over each method's runs: from the store's
     `position_updates` curves (an archive has them), else from a run folder's position_updates.json."""
     import json
-
-    from .updates import PositionUpdateCounter
 
     stored: dict = {}
     for c in results["curves"]:

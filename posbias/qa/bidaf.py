@@ -30,6 +30,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
+from ..config import resolve_path
+from ..encoders import from_pretrained_quietly, local_dir
 from ..errors import ConfigError
 
 
@@ -137,9 +139,6 @@ AutoModel.register(BidafConfig, BidafModel)
 
 def _init_embeddings(model: BidafModel, spec: str) -> None:
     """Copy a local encoder's word-piece embedding table (`embedding_init`) into the BiDAF model."""
-    from ..config import resolve_path
-    from ..encoders import from_pretrained_quietly, local_dir
-
     path = local_dir(resolve_path(spec), "model.encoder.embedding_init")
     source = from_pretrained_quietly(AutoModel, path, "model.encoder.embedding_init").get_input_embeddings().weight
     table = model.embeddings.weight

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 from ..compat import marks
 from ..config import DataConfig, ModelConfig, RunConfig, TrainConfig, _from_dict, bounded, choice
 from ..errors import ConfigError
+from ..registry import HEADS, LABEL_POLICIES
+from . import heads as _heads, labels as _labels  # noqa: F401  (register built-ins)
+from .debias import check_config
+from .model import head_softmax_default, make_head
 
 
 @dataclass
@@ -25,8 +29,6 @@ class QAModelConfig(ModelConfig):
     def __post_init__(self):
         # Resolved here, not at model build: the value of a new DyReF config (`all`) must enter the
         # hash, while every other head's (`context`, the saved-config value) leaves it unchanged.
-        from .model import head_softmax_default
-
         default = head_softmax_default(self.head)  # None: the head has no such option
         if self.softmax_over_default is None:
             self.softmax_over_default = default or "context"
@@ -128,20 +130,14 @@ class QAConfig(RunConfig):
 
     def validate(self) -> None:
         """QA checks; each error names the dotted key(s) to change."""
-        from ..registry import HEADS, LABEL_POLICIES
-        from . import heads as _heads, labels as _labels  # noqa: F401  (register built-ins)
-
         d, dec = self.data, self.decode
         if self.model.head is None:
             self.model.head = "independent"
         HEADS.get(self.model.head, "model.head")
-        from .model import make_head
 
         # The head's options are checked now (on a throwaway 8-wide head), not after the encoder loads.
         make_head(self.model.head, 8, d.version.startswith("2"), self.model.head_options)
         if self.train.debias is not None:
-            from .debias import check_config
-
             check_config(self.train.debias, self.model.head)
         LABEL_POLICIES.get(d.label_policy, "data.label_policy")
         choice(d.version, ["auto", "1", "2", "1.1", "2.0"], "data.version")

@@ -79,6 +79,7 @@ from ..errors import ConfigError, TrainingError
 from ..registry import HEADS as REGISTERED_HEADS
 from .heads.pointer import upcast
 from .heads.span_scores import softmax_mask
+from .sentences import sentence_starts
 
 METHODS = ("bias_product", "learned_mixin", "learned_mixin_h", "entropy")
 MIXIN = ("learned_mixin", "learned_mixin_h")
@@ -256,8 +257,6 @@ def sentence_columns(features, examples, buckets: int = SENTENCE_BUCKETS) -> np.
         examples: the examples the features were built from (`example_index` indexes them).
         buckets: sentences k >= buckets share the last bucket.
     """
-    from .sentences import sentence_starts
-
     if not 1 <= buckets <= 255 - OFFSET:
         raise ValueError(f"sentence buckets must be in 1 .. {255 - OFFSET} (one byte a token), got {buckets}")
     width = int(features.lengths.max())

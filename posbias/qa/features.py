@@ -232,7 +232,7 @@ def build_qa_features(
     if not examples:
         raise DataError(source, None, "no examples to build features from")
     if label_policy is None:
-        from .labels import first_answer as label_policy
+        from .labels import first_answer as label_policy  # binds the parameter's default, only when none is given
     unanswerable_windows = resolve_unanswerable_windows(unanswerable_windows, version)
     ctx_first = resolve_context_first(tokenizer, context_first)
     enc, n_cut = _encode(examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride,

@@ -36,6 +36,8 @@ from pathlib import Path
 from posbias.errors import ConfigError, DataError
 from posbias.limits import data_limit, load_json
 
+from .readers import read_qa
+
 VERSIONS = ("1.1", "2.0")
 _PUNCT = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -207,8 +209,6 @@ def score_files(
         DataError: a file is not valid JSON or not an object of the expected value type.
         ValueError: unknown version, or na_prob_path with v1.1.
     """
-    from .readers import read_qa  # lazy: keeps metrics importable without readers
-
     if version not in (*VERSIONS, "auto"):
         raise ValueError(f"version must be one of 1.1, 2.0, auto; got {version!r}")
     dataset = read_qa(data_path, on_bad_record="error", check_offsets=False)

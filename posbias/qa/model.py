@@ -12,13 +12,15 @@ import torch
 from torch import nn
 
 from .. import factories
-from ..config import ModelConfig
+from ..checkpoint import MODEL_META, load_checkpoint
+from ..config import ModelConfig, build_config
 from ..encoders import (
     EncoderInputs,
     check_vocab_fits,
     encoder_from_config,
     from_pretrained_quietly,
     hf_prediction_head,
+    hf_task_model,
     load_encoder,
     open_tokenizer,
 )
@@ -28,6 +30,7 @@ from ..precision import full_precision, to_float
 from ..registry import HEADS
 from . import heads as _heads  # noqa: F401  (registers the built-in heads)
 from .collate import collate
+from .debias import AnswerPrior, head_mask, make_debias
 from .examples import QAExample
 from .features import build_qa_features
 from .heads.span_scores import candidate_mask
@@ -57,7 +60,7 @@ class QAModel(nn.Module):
 
     def position_ids(self, attention_mask):
         """(b, s) positions counted over real tokens only, so left padding does not shift them."""
-        from ..encoders import position_ids
+        from ..encoders import position_ids  # a name clash: this function is position_ids too
 
         return position_ids(attention_mask, self.position_base, self.position_pad)
 
@@ -94,8 +97,6 @@ class QAModel(nn.Module):
 
     def _debiased_loss(self, out: dict, encoded, batch: dict, targets: dict) -> torch.Tensor:
         """`train.debias`'s loss; `out`'s scores are left as the head made them (decoding reads them)."""
-        from .debias import head_mask
-
         tokens = encoded["tokens"] if isinstance(encoded, dict) else encoded  # (b, s, d); DyReF: a dict
         words = None
         if self.debias.needs_word_embeddings:
@@ -132,7 +133,6 @@ def debias_for(encoder, head_name: str, debias, prior=None):
     """The `Debias` module of `train.debias` (None when off), holding `prior` when given."""
     if debias is None:
         return None
-    from .debias import make_debias
 
     module = make_debias(debias, head_name, encoder)
     if prior is not None:
@@ -195,9 +195,6 @@ def model_from_checkpoint(path: str, cfg, meta: dict):
     if debias is not None and saved is not None:
         from pathlib import Path
 
-        from ..checkpoint import MODEL_META
-        from .debias import AnswerPrior
-
         prior = AnswerPrior.from_dict(saved, f"{Path(path) / MODEL_META}: debias.prior")
     return QAModel(encoder, head_for(encoder, meta["head"], meta["null_answer"], cfg.model),
                    meta["head"], meta["null_answer"],
@@ -213,8 +210,6 @@ def load_hf_qa(path: str, config):
     inputs must give the folder's own logits (`check_hf_parity`); else the folder is refused.
     """
     from transformers import AutoModelForQuestionAnswering
-
-    from ..config import build_config
 
     hf = from_pretrained_quietly(AutoModelForQuestionAnswering, path, "checkpoint")
     tokenizer = open_tokenizer(path)
@@ -275,9 +270,6 @@ def export_hf(checkpoint, out_dir):
     from pathlib import Path
 
     from transformers import AutoModelForQuestionAnswering
-
-    from ..checkpoint import load_checkpoint
-    from ..encoders import hf_task_model
 
     model, tokenizer, _ = load_checkpoint(checkpoint, task="qa")
     if model.head_name != "independent":

@@ -13,9 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-
-from .examples import QAExample
+from ..analysis.stats import mean_std
+from ..checkpoint import load_checkpoint
 from ..registry import SEGMENTERS
+from .examples import QAExample
+from .features import _label_tokens, build_qa_features
+from .metrics import f1 as f1_score, normalize_answer
+from .readers import read_dataset
 
 
 WINDOWS = ("first", "every")
@@ -30,8 +34,6 @@ def gold_mention_positions(examples: list[QAExample], tokenizer, *, max_seq_len:
         quartile, the F1-by-position curve); `every` — one per (mention, window holding it): a
         mention that a stride repeats counts at each place a window shows it (S_X, §6.1).
     """
-    from .features import _label_tokens, build_qa_features
-
     if windows not in WINDOWS:
         raise ValueError(f"windows must be one of {list(WINDOWS)}, got {windows!r}")
     feats = build_qa_features(examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride,
@@ -82,8 +84,6 @@ def predicted_start_positions(nbest: dict[str, list[dict]], predictions: dict[st
 
 
 def _checkpoint_setup(checkpoint):
-    from ..checkpoint import load_checkpoint
-
     _, tokenizer, cfg = load_checkpoint(checkpoint, task="qa")
     return tokenizer, cfg
 
@@ -129,8 +129,6 @@ def improvement_categories(gold: dict[str, list[str]], baseline: dict[str, str],
     """§6.2: among questions where the method's F1 beats the baseline's, the share of corrections
     (the two predictions share no token: a different answer) vs more precise boundaries (they share
     tokens: the same answer, better cut)."""
-    from .metrics import f1 as f1_score, normalize_answer
-
     improved = corrections = 0
     for qid, golds in gold.items():
         b, m = baseline.get(qid, ""), method.get(qid, "")
@@ -149,9 +147,6 @@ def improvement_categories(gold: dict[str, list[str]], baseline: dict[str, str],
 def improvement_rows(results: dict) -> list[dict]:
     """§6.2 per method x eval set: among the questions where the method beats the baseline (paired
     by seed), the share of corrections vs more precise boundaries; mean ± std over seeds."""
-    from ..analysis.stats import mean_std
-    from .readers import read_dataset
-
     runs = [r for r in results["runs"] if r["status"] == "finished" and
             json.loads(r["config_json"]).get("task", "qa") == "qa"]
     base = results["baseline"]

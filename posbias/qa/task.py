@@ -3,9 +3,20 @@ extractive QA (the `posbias.tasks.Task` protocol).
 """
 from __future__ import annotations
 
-from ..errors import TrainingError
+from ..encoders import load_tokenizer
+from ..errors import TrainingError, check_keywords
 from ..registry import LABEL_POLICIES
+from . import metrics
+from .collate import collate
 from .config import QAConfig, data_version
+from .debias import PRIOR_METHODS, answer_prior, sentence_prior
+from .diagnose import diagnose
+from .evaluate import evaluate_checkpoint, evaluate_dataset, main_metric, predict_checkpoint
+from .features import build_qa_features
+from .metrics import score_files
+from .model import build_model, export_hf, load_hf_qa, model_from_checkpoint
+from .positions import improvement_rows
+from .readers import read_dataset
 
 
 class QATask:
@@ -20,13 +31,9 @@ class QATask:
     report_figures = None
 
     def load_tokenizer(self, cfg):
-        from ..encoders import load_tokenizer
-
         return load_tokenizer(cfg.model)
 
     def read(self, spec, cfg):
-        from .readers import read_dataset
-
         return read_dataset(spec, cfg.data.on_bad_record)
 
     def run_info(self, cfg, train_ds, features) -> dict:
@@ -43,8 +50,6 @@ class QATask:
         return info
 
     def train_features(self, examples, tokenizer, cfg, train_ds):
-        from .features import build_qa_features
-
         d = cfg.data
         feats = build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.stride,
                                   max_query_len=d.max_query_len, context_first=d.context_first, train=True,
@@ -54,8 +59,6 @@ class QATask:
                                   source=train_ds.path)
         debias = cfg.train.debias
         if debias is not None:
-            from .debias import PRIOR_METHODS, answer_prior, sentence_prior
-
             # Ko et al.'s bias model: the answer positions of the training windows (`posbias.qa.debias`),
             # by token offset, or by sentence of the examples' contexts.
             if debias.method in PRIOR_METHODS:
@@ -67,8 +70,6 @@ class QATask:
     @staticmethod
     def _answer_prior(features, debias):
         """The answer prior `train_features` put on `features` (None for a method without one)."""
-        from .debias import PRIOR_METHODS
-
         if debias.method not in PRIOR_METHODS:
             return None
         prior = getattr(features, "answer_prior", None)
@@ -78,15 +79,11 @@ class QATask:
         return prior
 
     def build_model(self, cfg, tokenizer, train_ds, features):
-        from .model import build_model
-
         debias = cfg.train.debias
         return build_model(cfg.model, tokenizer, null_answer=data_version(cfg, train_ds.null_answers) == 2,
                            debias=debias, prior=self._answer_prior(features, debias) if debias is not None else None)
 
     def collate(self, features, idx, tokenizer, *, with_labels: bool = False) -> dict:
-        from .collate import collate
-
         return collate(features, idx, pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side,
                        with_labels=with_labels)
 
@@ -94,34 +91,22 @@ class QATask:
         return {"start_positions": batch["start_positions"], "end_positions": batch["end_positions"]}
 
     def evaluate(self, model, tokenizer, cfg, dataset, out_dir=None, *, accelerator=None, progress=True) -> dict:
-        from .evaluate import evaluate_dataset
-
         return evaluate_dataset(model, tokenizer, cfg, dataset, out_dir, accelerator=accelerator, progress=progress)
 
     def main_metric(self, result: dict) -> tuple[str, float]:
-        from .evaluate import main_metric
-
         return "f1", main_metric(result)
 
     def load_model(self, path: str, cfg, meta: dict):
-        from .model import model_from_checkpoint
-
         return model_from_checkpoint(path, cfg, meta)
 
     def load_hf(self, path: str, config):
-        from .model import load_hf_qa
-
         return load_hf_qa(path, config)
 
     def evaluate_checkpoint(self, model, data, output_dir=None, overrides=None, progress=True) -> dict:
-        from .evaluate import evaluate_checkpoint
-
         return evaluate_checkpoint(model, data, output_dir, overrides=overrides, progress=progress)
 
     def predict_checkpoint(self, model, data=None, output_dir=None, *, overrides=None, progress=False,
                            n_best=None, question=None, context=None) -> dict:
-        from .evaluate import predict_checkpoint
-
         return predict_checkpoint(model, question, context, data, output_dir, n_best, overrides, progress)
 
     def prediction_summary(self, result: dict, *, n_best: int | None = None, from_data: bool = False,
@@ -135,24 +120,16 @@ class QATask:
 
     def score_files(self, data, predictions, *, na_probs=None, **options) -> dict:
         """Like the official SQuAD script; options: version, na_prob_thresh (`posbias.qa.metrics`)."""
-        from ..errors import check_keywords
-        from .metrics import score_files
-
         check_keywords(score_files, options, "score qa")
         return score_files(data, predictions, na_probs, **options)
 
     def diagnose(self, model, data, output_dir, *, overrides=None, progress=True, **options) -> dict:
         """Answer-position quartiles and answer sentences, S_X segments (`xs`), position-update counts
         (`posbias.qa.diagnose.diagnose`)."""
-        from ..errors import check_keywords
-        from .diagnose import diagnose
-
         check_keywords(diagnose, options, "diagnose qa")
         return diagnose(model, data, output_dir, overrides=overrides, progress=progress, **options)
 
     def export_hf(self, model, out_dir):
-        from .model import export_hf
-
         return export_hf(model, out_dir)
 
     def example_scores(self, dataset, eval_dir, run_info: dict) -> dict:
@@ -161,14 +138,10 @@ class QATask:
         import json
         from pathlib import Path
 
-        from . import metrics
-
         preds = json.loads((Path(eval_dir) / "predictions.json").read_text(encoding="utf-8"))
         version = "2.0" if run_info.get("data_version") == 2 else "1.1"
         return metrics.per_question(dataset.gold(), preds, version=version)
 
     def improvement_rows(self, results: dict) -> list[dict]:
         """§6.2 of the Random Padding paper for an experiment's report (`posbias.qa.positions`)."""
-        from .positions import improvement_rows
-
         return improvement_rows(results)

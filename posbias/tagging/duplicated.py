@@ -42,6 +42,7 @@ from . import metrics as M
 from .columns import scheme_mismatch
 from .examples import TaggingDataset, TaggingExample
 from .features import first_subtokens, separator_id, special_tokens, tokenize_sentences
+from .schemes import convert, to_iob2_prefixes
 
 MODES = ("duplicate", "shift")
 SENTENCE_COUNTS = "sentence_counts"
@@ -271,7 +272,6 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
     subset, info = length_subset(dataset.examples, quantiles, pool=length_pool)
     labels = np.array(net.labels, dtype=object)
     if scheme != "none":  # gold in the scoring scheme, the model's labels mapped to it
-        from .schemes import convert, to_iob2_prefixes
 
         scored = M.scoring_schemes(dataset.file_scheme, scheme)
         if dataset.scheme != scored:

@@ -5,14 +5,17 @@ model, evaluation and diagnosis, below all of them.
 from __future__ import annotations
 
 from ..config import resolve_path
+from ..errors import ConfigError, DataError
+from ..hf_datasets import is_hf_dataset
+from .readers import read_tagging, read_tagging_dataset
+from .schemes import convert
 
 
 def tagging_tokenizer(path: str, as_saved: bool = False):
     """A fast tokenizer for word-split input: byte-level BPE (RoBERTa, GPT-2, BLOOM) must see a
     space before every word, as in running text, or each word is tokenized as a text start.
     `as_saved`: a checkpoint's own tokenizer class (`open_tokenizer`)."""
-    from ..encoders import open_tokenizer
-    from ..errors import ConfigError
+    from ..encoders import open_tokenizer  # loads torch: `posbias.tagging` stays without it
 
     try:
         return open_tokenizer(path, as_saved=as_saved, add_prefix_space=True)
@@ -23,10 +26,6 @@ def tagging_tokenizer(path: str, as_saved: bool = False):
 def read_for(spec, cfg):
     """A tagging file (or shards) read with the config's data options, tags converted to
     `data.label_scheme` when one is set."""
-    from ..hf_datasets import is_hf_dataset
-    from .readers import read_tagging, read_tagging_dataset
-    from .schemes import convert
-
     d = cfg.data
     if is_hf_dataset(spec):  # a datasets.Dataset of word and tag lists
         ds = read_tagging_dataset(spec, tags_column=d.tags_column, scheme=d.scheme, on_bad_record=d.on_bad_record)
@@ -34,7 +33,7 @@ def read_for(spec, cfg):
         paths = [resolve_path(p) for p in spec] if isinstance(spec, (list, tuple)) else resolve_path(spec)
         ds = read_tagging(paths, on_bad_record=d.on_bad_record, **d.read_options())
     if d.length_quantiles is not None:  # D*: the middle of the (pooled) length distribution
-        from .duplicated import length_subset
+        from .duplicated import length_subset  # loads torch: `posbias.tagging` stays without it
 
         ds.examples, info = length_subset(ds.examples, tuple(d.length_quantiles), pool=length_pool(cfg))
         ds.length_subset = info
@@ -60,9 +59,6 @@ def length_pool(cfg):
     import os
 
     import numpy as np
-
-    from ..errors import ConfigError, DataError
-    from .readers import read_tagging
 
     d = cfg.data
     if d.length_pool != "pooled":

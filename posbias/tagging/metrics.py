@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from .readers import read_tagging
+from .schemes import convert, parse_tag, to_iob2_prefixes
 
 ENTITY_SCHEMES = ("iob2", "bioes")
 
@@ -139,8 +141,6 @@ def in_scoring_scheme(gold: list[list[str]], pred: list[list[str]], gold_scheme:
                       pred_scheme: str) -> tuple[list[list[str]], list[list[str]], str]:
     """(gold, predictions, scheme) ready for `score`: gold converted exactly (it is well formed),
     predictions mapped by prefix (they need not be well formed); see `scoring_schemes`."""
-    from .schemes import convert, to_iob2_prefixes
-
     scheme = scoring_schemes(gold_scheme, pred_scheme)
     if scheme != "none" and gold_scheme != scheme:
         gold = [convert(t, gold_scheme, scheme) for t in gold]
@@ -177,9 +177,6 @@ def score_files(gold_path, pred_path, *, format: str = "auto", tag: str = "upos"
                 scheme: str = "auto") -> dict:
     """Score a predictions file (CoNLL columns: the word first, the predicted tag last; blank lines
     between sentences, as `predictions.conll` is written) against a gold CoNLL / CoNLL-U file."""
-    from .readers import read_tagging
-    from .schemes import parse_tag
-
     gold = read_tagging(gold_path, format=format, tag=tag, tag_column=tag_column, scheme=scheme)
     pred = read_tagging(pred_path, format="conll", tag_column=-1, scheme="none")
     if len(gold.examples) != len(pred.examples):

@@ -13,12 +13,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..checkpoint import load_checkpoint
+from ..config import build_config
 from ..encoders import (EncoderInputs, check_vocab_fits, encoder_from_config, from_pretrained_quietly,
                         hf_prediction_head, hf_task_model, load_encoder, position_ids)
 from ..errors import ConfigError
 from ..parity import check_forwards, check_parity
 from ..precision import full_precision, to_float
 from .features import IGNORE
+from .inputs import tagging_tokenizer
 
 
 class TaggerModel(nn.Module):
@@ -89,8 +92,6 @@ def model_from_checkpoint(path: str, cfg, meta: dict):
     """(model with random weights, tokenizer) shaped as the posbias checkpoint in `path`."""
     from transformers import AutoConfig
 
-    from .inputs import tagging_tokenizer
-
     tokenizer = tagging_tokenizer(path, as_saved=True)
     encoder = encoder_from_config(AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False))
     return TaggerModel(encoder, meta["labels"], meta["scheme"], dropout=meta.get("dropout")), tokenizer
@@ -120,9 +121,6 @@ def load_hf_tagger(path: str, config):
     labels from its config's id2label, the scheme from their prefixes. A few check sentences must
     give the folder's own logits (`check_hf_parity`); else the folder is refused."""
     from transformers import AutoModelForTokenClassification
-
-    from ..config import build_config
-    from .inputs import tagging_tokenizer
 
     hf = from_pretrained_quietly(AutoModelForTokenClassification, path, "checkpoint")
     classifier = getattr(hf, "classifier", None)
@@ -194,8 +192,6 @@ def export_hf(checkpoint, out_dir) -> Path:
     """Turn a posbias tagging checkpoint into an AutoModelForTokenClassification folder (labels in
     its config's id2label / label2id)."""
     from transformers import AutoModelForTokenClassification
-
-    from ..checkpoint import load_checkpoint
 
     model, tokenizer, _ = load_checkpoint(checkpoint, task="tagging")
     hf = hf_task_model(AutoModelForTokenClassification, model.encoder, checkpoint, num_labels=len(model.labels),

@@ -5,8 +5,12 @@ protocol.
 from __future__ import annotations
 
 from ..config import resolve_path
+from ..errors import ConfigError, check_keywords
 from .config import TaggingConfig
+from .features import build_tagging_features
 from .inputs import label_list, read_for, tagging_tokenizer
+from .metrics import main_metric, score_files, sentence_ratios
+from .readers import read_tagging
 
 
 class TaggingTask:
@@ -18,8 +22,7 @@ class TaggingTask:
     improvement_rows = None  # an optional capability (`posbias.tasks.Task`) tagging does not have
 
     def load_tokenizer(self, cfg):
-        from ..encoders import local_dir
-        from ..errors import ConfigError
+        from ..encoders import local_dir  # loads torch: `posbias.tagging` stays without it
 
         m = cfg.model
         spec = m.tokenizer or m.name_or_path
@@ -36,20 +39,18 @@ class TaggingTask:
                 "train_length_subset": train_ds.length_subset}
 
     def train_features(self, examples, tokenizer, cfg, train_ds):
-        from .features import build_tagging_features
-
         d = cfg.data
         return build_tagging_features(examples, tokenizer, labels=label_list(train_ds), scheme=train_ds.scheme,
                                       max_seq_len=d.max_seq_len, stride=d.stride,
                                       label_subtokens=d.label_subtokens, source=train_ds.path)
 
     def build_model(self, cfg, tokenizer, train_ds, features):
-        from .model import build_model
+        from .model import build_model  # loads torch: `posbias.tagging` stays without it
 
         return build_model(cfg.model, tokenizer, label_list(train_ds), train_ds.scheme)
 
     def collate(self, features, idx, tokenizer, *, with_labels: bool = False) -> dict:
-        from .collate import collate
+        from .collate import collate  # loads torch: `posbias.tagging` stays without it
 
         return collate(features, idx, pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side,
                        with_labels=with_labels)
@@ -58,34 +59,31 @@ class TaggingTask:
         return {"labels": batch["labels"]}
 
     def evaluate(self, model, tokenizer, cfg, dataset, out_dir=None, *, accelerator=None, progress=True) -> dict:
-        from .evaluate import evaluate_dataset
+        from .evaluate import evaluate_dataset  # loads torch: `posbias.tagging` stays without it
 
         return evaluate_dataset(model, tokenizer, cfg, dataset, out_dir, accelerator=accelerator, progress=progress)
 
     def main_metric(self, result: dict) -> tuple[str, float]:
-        from .metrics import main_metric
-
         return main_metric(result)
 
     def load_model(self, path: str, cfg, meta: dict):
-        from .model import model_from_checkpoint
+        from .model import model_from_checkpoint  # loads torch: `posbias.tagging` stays without it
 
         return model_from_checkpoint(path, cfg, meta)
 
     def load_hf(self, path: str, config):
-        from .model import load_hf_tagger
+        from .model import load_hf_tagger  # loads torch: `posbias.tagging` stays without it
 
         return load_hf_tagger(path, config)
 
     def evaluate_checkpoint(self, model, data, output_dir=None, overrides=None, progress=True) -> dict:
-        from .evaluate import evaluate_checkpoint
+        from .evaluate import evaluate_checkpoint  # loads torch: `posbias.tagging` stays without it
 
         return evaluate_checkpoint(model, data, output_dir, overrides=overrides, progress=progress)
 
     def predict_checkpoint(self, model, data=None, output_dir=None, *, overrides=None, progress=False,
                            n_best=None, text=None) -> dict:
-        from ..errors import ConfigError
-        from .evaluate import predict_checkpoint
+        from .evaluate import predict_checkpoint  # loads torch: `posbias.tagging` stays without it
 
         if n_best is not None:
             raise ConfigError("n_best is for QA models; a tagging model predicts one tag per word")
@@ -105,29 +103,25 @@ class TaggingTask:
 
     def score_files(self, data, predictions, **options) -> dict:
         """Options: format, tag, tag_column, scheme (`posbias.tagging.metrics.score_files`)."""
-        from ..errors import check_keywords
-        from .metrics import score_files
-
         check_keywords(score_files, options, "score tagging")
         return score_files(data, predictions, **options)
 
     def diagnose(self, model, data, output_dir, *, overrides=None, progress=True, **options) -> dict:
         """The duplicated-test-set evaluation F1(α) / Prec(α) / Rec(α) with shift mode, per class,
         consistency and data statistics (`posbias.tagging.diagnose.diagnose`)."""
-        from ..errors import check_keywords
-        from .diagnose import diagnose
+        from .diagnose import diagnose  # loads torch: `posbias.tagging` stays without it
 
         check_keywords(diagnose, options, "diagnose tagging")
         return diagnose(model, data, output_dir, overrides=overrides, progress=progress, **options)
 
     def export_hf(self, model, out_dir):
-        from .model import export_hf
+        from .model import export_hf  # loads torch: `posbias.tagging` stays without it
 
         return export_hf(model, out_dir)
 
     def position_eval_checkpoint(self, model, data, out_dir, options: dict, overrides=None) -> dict:
         """The duplicated-test-set evaluation F1(α) of a checkpoint (`posbias diagnose tagging`)."""
-        from .diagnose import diagnose
+        from .diagnose import diagnose  # loads torch: `posbias.tagging` stays without it
 
         opts = dict(options)
         if opts.get("quantiles") is not None:
@@ -135,13 +129,13 @@ class TaggingTask:
         return diagnose(model, data, out_dir, progress=False, overrides=overrides, **opts)
 
     def position_metrics(self, result: dict, alphas) -> dict:
-        from .duplicated import experiment_metrics
+        from .duplicated import experiment_metrics  # loads torch: `posbias.tagging` stays without it
 
         return experiment_metrics(result, tuple(alphas))
 
     def report_figures(self, results: dict, plots_dir) -> list:
         """(title, png) pairs for an experiment report: F1(α) by method for each position evaluation."""
-        from .diagnose import plot_methods_by_alpha
+        from .diagnose import plot_methods_by_alpha  # loads torch: `posbias.tagging` stays without it
 
         return plot_methods_by_alpha(results, plots_dir)
 
@@ -152,9 +146,6 @@ class TaggingTask:
         IOB2 data; the model's in runs scored before)."""
         import json
         from pathlib import Path
-
-        from .metrics import sentence_ratios
-        from .readers import read_tagging
 
         pred = read_tagging(str(Path(eval_dir) / "predictions.conll"), format="conll", tag_column=-1, scheme="none")
         gold = read_tagging(str(Path(eval_dir) / "predictions.conll"), format="conll", tag_column=-2, scheme="none")

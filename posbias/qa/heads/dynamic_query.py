@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...encoders import position_ids
 from ...errors import ConfigError
 from ...precision import mask_min
 from ...registry import HEADS
@@ -92,8 +93,6 @@ class DynamicQueryHead(AdditiveSpans, nn.Module):
     def encoder_position_ids(self, inputs, batch: dict) -> torch.Tensor:
         """(b, S) position ids of [q_s, q_e, tokens]: the queries take the first two, every real token
         moves by 2 (its own id, or a perturbation's shifted one), padding keeps the pad id."""
-        from ...encoders import position_ids
-
         mask = batch["attention_mask"]
         b = mask.shape[0]
         pos = batch.get("position_ids")
