@@ -216,20 +216,22 @@ def test_export_refuses_its_source_and_existing_paths(folders, tmp_path):
 
 @pytest.mark.parametrize("task", ["qa", "tagging"])
 def test_export_writes_a_new_or_empty_folder_whole(folders, tmp_path, task, monkeypatch):
+    from posbias.tasks import get_task
+
     ck = copy(folders, task, tmp_path)
-    model_module = {"qa": posbias.qa.model, "tagging": posbias.tagging.model}[task]
-    real = model_module.export_hf
+    task_object = get_task(task)  # export reaches the task's export_hf through the Task protocol
+    real = task_object.export_hf
 
     def fails_halfway(checkpoint, out_dir):  # as save_pretrained does, then the disk fills
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.json").write_text("{}", encoding="utf-8")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(model_module, "export_hf", fails_halfway)
+    monkeypatch.setattr(task_object, "export_hf", fails_halfway)
     with pytest.raises(RuntimeError, match="disk full"):
         posbias.export(ck, tmp_path / "failed")
     assert not [f for f in tmp_path.iterdir() if f.name.startswith("failed")]  # nothing half-written
-    monkeypatch.setattr(model_module, "export_hf", real)
+    monkeypatch.setattr(task_object, "export_hf", real)
     (tmp_path / "empty").mkdir()
     for out in (tmp_path / "empty", tmp_path / "new" / "hf"):
         assert posbias.export(ck, out) == out
