@@ -102,6 +102,21 @@ def _cls_index(input_ids: torch.Tensor, attention_mask: torch.Tensor, leading: s
     return torch.where(has, first, torch.full_like(first, -1))
 
 
+def _word_fields(mask: torch.Tensor, labels: torch.Tensor, n_prefix: int, n_suffix: int) -> dict:
+    """The fields Context Perturbation carries along, for a token-classification batch: each row's
+    body (its real tokens without the tokenizer's own prefix/suffix specials) as `word_index` 0, -1
+    elsewhere; `predict` where a label is; the leading special's index (-1 without one); the left
+    padding and the row index."""
+    b, s = mask.shape
+    first = mask.long().argmax(-1)  # (b,) first real token
+    lens = mask.sum(-1)  # (b,)
+    slots = torch.arange(s)[None]  # (1, s)
+    body = (slots >= (first + n_prefix)[:, None]) & (slots < (first + lens - n_suffix)[:, None])
+    return {"word_index": torch.where(body, 0, -1), "predict": labels != IGNORE,
+            "cls_index": first if n_prefix else torch.full((b,), -1, dtype=torch.long),
+            "pad_left": first, "window": torch.arange(b)}
+
+
 VIEW = "posbias_view"
 
 
@@ -268,18 +283,8 @@ class ContextPerturbationCollator:
             raise ConfigError("context perturbation needs a token-classification batch: `labels` of shape "
                               "(batch, tokens), -100 where no loss")
         mask = batch["attention_mask"]
-        b, s = mask.shape
-        lens = mask.sum(-1)  # (b,)
-        first = mask.long().argmax(-1)  # (b,) first real token
-        slots = torch.arange(s)[None]  # (1, s)
-        # A row's body: its real tokens without the tokenizer's own prefix/suffix specials.
-        body = (slots >= (first + len(self.prefix))[:, None]) & (slots < (first + lens - len(self.suffix))[:, None])
-        inner = {
-            "input_ids": batch["input_ids"], "attention_mask": mask, "labels": batch["labels"],
-            "word_index": torch.where(body, 0, -1), "predict": batch["labels"] != IGNORE,
-            "cls_index": first if self.prefix else torch.full((b,), -1, dtype=torch.long),
-            "pad_left": first, "window": torch.arange(b),
-        }
+        inner = {"input_ids": batch["input_ids"], "attention_mask": mask, "labels": batch["labels"],
+                 **_word_fields(mask, batch["labels"], len(self.prefix), len(self.suffix))}
         if "token_type_ids" in batch:
             inner["token_type_ids"] = batch["token_type_ids"]
         out = concatenate_contexts(inner, self.generator, max_len=self.max_len, prefix=self.prefix,
@@ -336,14 +341,13 @@ class PerturbationCollator:
 
     def __init__(self, collator, model, tokenizer, name: str, *, mode: str | None = None, seed: int = 0, **options):
         tok_max = getattr(tokenizer, "model_max_length", None)
-        run = type("HFRun", (), {"task": None, "data": type("Data", (), {
-            "max_seq_len": tok_max if isinstance(tok_max, int) and tok_max < 1_000_000 else None})()})()
-        self.perturbation = build_perturbation(name, options, run, key=name)
+        self.perturbation = build_perturbation(
+            name, options, key=name, max_seq_len=tok_max if isinstance(tok_max, int) and tok_max < 1_000_000 else None)
         self.name, self.collator, self.model = name, collator, model
         self.mode = _check_mode(mode if mode is not None else getattr(self.perturbation, "paper_mode", "replace"))
         self.sets_positions = bool(getattr(self.perturbation, "sets_positions", False))
         if self.sets_positions:
-            self.base, self.pad_position, _ = position_numbering(model)  # refuses models shifts cannot reach
+            position_numbering(model)  # refuses, by name, a model that shifted ids cannot reach
         target = _BindTarget(model)
         self.base, self.pad_position = target.position_base, target.position_pad
         bind = getattr(self.perturbation, "bind", None)
@@ -366,16 +370,8 @@ class PerturbationCollator:
         inner["cls_index"] = _cls_index(batch["input_ids"], mask, self.leading)
         labels = batch.get("labels")
         if labels is not None and labels.dim() == 2:  # as ContextPerturbationCollator.perturb
-            first = mask.long().argmax(-1)  # (b,) first real token
-            lens = mask.sum(-1)  # (b,)
-            slots = torch.arange(mask.shape[1])[None]  # (1, s)
-            # A row's body: its real tokens without the tokenizer's own prefix/suffix specials.
-            body = ((slots >= (first + self.n_prefix)[:, None])
-                    & (slots < (first + lens - self.n_suffix)[:, None]))
-            inner.update({"word_index": torch.where(body, 0, -1), "predict": labels != IGNORE, "pad_left": first,
-                          "window": torch.arange(mask.shape[0])})
-            if not self.n_prefix:
-                inner["cls_index"] = torch.full_like(first, -1)
+            fields = _word_fields(mask, labels, self.n_prefix, self.n_suffix)
+            inner.update({k: v for k, v in fields.items() if k != "cls_index" or not self.n_prefix})
         return inner
 
     def perturb(self, batch: dict) -> dict:

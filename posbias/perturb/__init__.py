@@ -81,12 +81,12 @@ def _split(spec, i: int) -> tuple[str, dict, str | None]:
     return spec["name"], options, mode
 
 
-def build_perturbation(name: str, options: dict, cfg=None, *, key: str = "perturb[0]"):
+def build_perturbation(name: str, options: dict, *, key: str = "perturb[0]", max_seq_len: int | None = None,
+                       task: str | None = None):
     """One perturbation from its registered factory (`posbias.factories.build`: options checked by
     name and type), posbias filling in `max_seq_len` (data.max_seq_len), `task` and `key` for a
-    factory that takes them. `cfg`: the run config (None outside a run: a Hugging Face collator)."""
-    data = getattr(cfg, "data", None)
-    filled = {"max_seq_len": getattr(data, "max_seq_len", None), "task": getattr(cfg, "task", None), "key": key}
+    factory that takes them (outside a run, a Hugging Face collator, `task` is None)."""
+    filled = {"max_seq_len": max_seq_len, "task": task, "key": key}
     return factories.build(PERTURBATIONS.get(name, f"{key}.name"), options, key=key, what=name, filled=filled,
                            also=("mode",))
 
@@ -121,7 +121,9 @@ def build_perturbations(specs: list[dict], cfg, *, with_modes: bool = False) -> 
     built, names = [], []
     for i, spec in enumerate(specs):
         name, options, mode = _split(spec, i)
-        p = build_perturbation(name, options, cfg, key=f"perturb[{i}]")
+        p = build_perturbation(name, options, key=f"perturb[{i}]",
+                               max_seq_len=getattr(getattr(cfg, "data", None), "max_seq_len", None),
+                               task=getattr(cfg, "task", None))
         built.append((p, mode or default_mode(p, cfg)))
         names.append(name)
     check_combination(built, names)
