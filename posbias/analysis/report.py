@@ -1,29 +1,23 @@
-"""Experiment report: Markdown + a self-contained HTML page (tables, PNG plots embedded as data URIs)."""
+"""The experiment report's tables and plots (method comparison, segments, position bias, learning curves,
+position-embedding updates, code versions), drawn with the shared rendering of `posbias.render`."""
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
-import re
 from pathlib import Path
 
 import numpy as np
 
-from .text import md_escape, plot_text
+from ..render import fmt, plot_text, pyplot
 from .updates import PositionUpdateCounter
 from .verdict import EVIDENCE_WORDS
 
 SIGNIFICANCE = 0.05
 
 
-def _fmt(x, digits=2) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
 def _mean_sd(mean, std, n_runs: int) -> str:
     """'mean ± std', or the mean alone (and `(1 run)`) where one run gives no spread."""
-    return f"{_fmt(mean)} ± {_fmt(std)}" if n_runs > 1 else f"{_fmt(mean)} (1 run)"
+    return f"{fmt(mean)} ± {fmt(std)}" if n_runs > 1 else f"{fmt(mean)} (1 run)"
 
 
 def _no_std(std) -> bool:
@@ -59,7 +53,7 @@ def _scope(row) -> str:
 
 def _boot(row) -> str:
     b = row.get("bootstrap")
-    return f"{_p(b['p'])} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]" if b else ""
+    return f"{_p(b['p'])} [{fmt(b['ci_low'])}, {fmt(b['ci_high'])}]" if b else ""
 
 
 def _pairs_note(row) -> str:
@@ -78,7 +72,7 @@ def comparison_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     for r in rows:
         delta = ""
         if "ttest" in r:
-            d = _fmt(r["ttest"]["diff"])
+            d = fmt(r["ttest"]["diff"])
             d = ("+" if r["ttest"]["diff"] > 0 else "") + d
             delta = (f"**{d}**" if significant(r) else d) + _pairs_note(r)
         body.append([_scope(r), r["eval_set"], r["metric"], r["method"], _mean_sd(r["mean"], r["std"], r["n_runs"]),
@@ -94,7 +88,7 @@ def segment_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     for r in rows:
         delta = ""
         if "ttest" in r:
-            d = ("+" if r["ttest"]["diff"] > 0 else "") + _fmt(r["ttest"]["diff"])
+            d = ("+" if r["ttest"]["diff"] > 0 else "") + fmt(r["ttest"]["diff"])
             delta = (f"**{d}**" if significant(r) else d) + _pairs_note(r)
         body.append([_scope(r), r["eval_set"], r["segmenter"], r["segment"], str(r["n_questions"]), r["method"],
                      _mean_sd(r["f1_mean"], r["f1_std"], r["n_runs"]), _mean_sd(r["em_mean"], r["em_std"], r["n_runs"]),
@@ -106,7 +100,7 @@ def bias_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """The "Position bias" block: per bucketing x method, the signed front − rear effect (mean ± std
     over seeds, t-interval over seeds), PSI, and the verdict word (`analysis.bias.experiment_rows`)."""
     def cell(mean, std, n, digits):
-        return _fmt(mean, digits) + (f" ± {_fmt(std, digits)}" if n > 1 else "")
+        return fmt(mean, digits) + (f" ± {fmt(std, digits)}" if n > 1 else "")
 
     def side(label, n):
         return "–" if label is None else f"{label}" + (f" (n={n:,})" if n else "")
@@ -121,7 +115,7 @@ def bias_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             word += f" ({r['n_runs']} run{'s' if r['n_runs'] != 1 else ''} with sized groups)"
         body.append([_scope(r), r["eval_set"], r["bucketing"], r["method"], side(r["front"], r.get("front_n")),
                      side(r["rear"], r.get("rear_n")), cell(r["effect_mean"], r["effect_std"], r["n_runs"], 2),
-                     f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "–",
+                     f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "–",
                      cell(r["psi_mean"], r["psi_std"], r["n_runs"], 3), str(r["n_runs"]), word])
     return head, body
 
@@ -167,7 +161,7 @@ def bias_sentences(rows: list[dict], esc=str) -> list[str]:
                        "too few examples to tell.")
             continue
         e, ci = r["effect_mean"], r.get("effect_ci")
-        span = (f"95% CI over seeds {_fmt(-ci[1] if e < 0 else ci[0], 1)} to {_fmt(-ci[0] if e < 0 else ci[1], 1)}"
+        span = (f"95% CI over seeds {fmt(-ci[1] if e < 0 else ci[0], 1)} to {fmt(-ci[0] if e < 0 else ci[1], 1)}"
                 if ci else "no interval with one run")
         floor = (f" (its score {r['score_mean']:.1f} is under the quality floor {r['floor']:g}: the numbers mean "
                  "little)" if r.get("below_floor") else "")
@@ -181,83 +175,13 @@ def bias_sentences(rows: list[dict], esc=str) -> list[str]:
 NO_BIAS = "No position segments in this experiment."
 
 
-_BOLD = re.compile(r"\*\*([+\-−]?\d[\d.,]*)\*\*(.*)", re.S)
-"""A cell that starts with a bold number (a significant Δ, `comparison_table`): the one markup a
-table cell holds; everything else in a cell is text."""
-
-
-def _md_table(head, body) -> str:
-    """A Markdown table; every cell is escaped (`md_escape`: names from users' files and specs can
-    hold `|`, HTML or emphasis), but for a leading bold number."""
-    def cell(x):
-        m = _BOLD.fullmatch(x)
-        return f"**{m.group(1)}**{md_escape(m.group(2))}" if m else md_escape(x)
-
-    lines = ["| " + " | ".join(cell(h) for h in head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in body]
-    return "\n".join(lines)
-
-
-def _html_table(head, body) -> str:
-    def cell(x):
-        m = _BOLD.fullmatch(x)
-        x = f"<b>{html.escape(m.group(1))}</b>{html.escape(m.group(2))}" if m else html.escape(x)
-        return f"<td>{x}</td>"
-
-    rows = "".join("<tr>" + "".join(cell(c) for c in row) + "</tr>" for row in body)
-    return ("<table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
-            + f"</tr></thead><tbody>{rows}</tbody></table>")
-
-
-def html_figure(title: str, path: Path, rel: str) -> str:
-    """A PNG embedded in the page (the HTML file stands alone), captioned; `rel` is its file name."""
-    data = base64.b64encode(Path(path).read_bytes()).decode()
-    return (f"<figure><img alt='{html.escape(title)}' data-file='{html.escape(rel)}' "
-            f"src='data:image/png;base64,{data}'><figcaption>{html.escape(title)}</figcaption></figure>")
-
-
-def html_page(title: str, parts: list[str]) -> str:
-    """A self-contained HTML page around already-escaped parts."""
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
-             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f3f3f3}"
-             "img{max-width:100%}figure{margin:1.5em 0}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
-
-
-md_table, html_table = _md_table, _html_table
-
-
-def short_name(x, limit: int = 48) -> str:
-    """A model or data name short enough for a plot title: what the user typed when it is short,
-    else the last two path components ("…/runs/demo/best" -> "demo/best"; a bundled
-    "…/site-packages/posbias/resources/squad/dev.json" -> "squad/dev.json")."""
-    text = str(x)
-    if len(text) <= limit and "site-packages" not in text:
-        return text
-    parts = [p for p in text.replace("\\", "/").split("/") if p]
-    return "/".join(parts[-2:]) if len(parts) >= 2 else text[-limit:]
-
-
 # ------------------------------------------------------------------------------------------- plots
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    # No LaTeX (a user's matplotlibrc may ask for it): names are drawn as text (`plot_text`).
-    plt.rcParams.update({"font.size": 10, "axes.grid": True, "grid.alpha": 0.3, "text.usetex": False})
-    return plt
-
-
 def plot_comparison(rows: list[dict], methods: list[str], path: Path, metric: str = "F1") -> Path | None:
     """Grouped bars: one group per (data, eval set), one bar per method, error bars = std over seeds."""
     rows = [r for r in rows if r["metric"] == metric]
     if not rows:
         return None
-    plt = _plt()
+    plt = pyplot()
     groups = list(dict.fromkeys((_scope(r), r["eval_set"]) for r in rows))
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(groups) * max(1, len(methods)) / 2 + 2), 4))
     width = 0.8 / max(len(methods), 1)
@@ -300,7 +224,7 @@ def plot_curves(results: dict, path: Path) -> Path | None:
         series.setdefault((c["kind"], r["method"]), {}).setdefault(c["step"], []).append(c["value"])
     if not series:
         return None
-    plt = _plt()
+    plt = pyplot()
     kinds = ["loss"] + sorted({k for k, _ in series if k.startswith("val_")})
     kinds = [k for k in kinds if any(k == kk for kk, _ in series)]
     fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 3.8), squeeze=False)
@@ -330,7 +254,7 @@ def plot_curves(results: dict, path: Path) -> Path | None:
 
 def plot_segments(seg_rows: list[dict], methods: list[str], out_dir: Path) -> list[Path]:
     """One figure per (data, eval set, segmenter): F1 per segment, a bar per method, ± std."""
-    plt = _plt()
+    plt = pyplot()
     paths = []
     keys = list(dict.fromkeys((_scope(r), r["eval_set"], r["segmenter"]) for r in seg_rows))
     for scope, eval_set, segmenter in keys:
@@ -361,7 +285,7 @@ def plot_segments(seg_rows: list[dict], methods: list[str], out_dir: Path) -> li
 
 def plot_update_fractions(curves: dict[str, np.ndarray], path: Path, title: str) -> Path:
     """§2.3: one line per label, the % of training steps in which each position id got a gradient."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     last = 0
     for label, frac in curves.items():

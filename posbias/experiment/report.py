@@ -1,5 +1,5 @@
 """An experiment's report (a grid of runs): its store aggregated (`posbias.experiment.aggregation`) and
-rendered with the shared tables and plots of `posbias.analysis.report` into report.md, report.html,
+rendered (`posbias.render`, with the tables and plots of `posbias.analysis.report`) into report.md, report.html,
 report.json and plots/.
 
 It sits above both: the rendering knows no experiment, and the experiment runner writes no report
@@ -7,18 +7,16 @@ It sits above both: the rendering knows no experiment, and the experiment runner
 """
 from __future__ import annotations
 
-import html
 import json
-from urllib.parse import quote
 
 from ..analysis.bias import experiment_rows
-from ..analysis.report import (NO_BIAS, _fmt, _html_table, _md_table, _mean_sd, _no_std, _scope, bias_note,
-                               bias_sentences, bias_table, code_table, comparison_table, html_figure, html_page,
-                               plot_comparison, plot_curves, plot_segments, plot_updates, segment_table)
-from ..analysis.text import md_escape
+from ..analysis.report import (NO_BIAS, _mean_sd, _no_std, _scope, bias_note, bias_sentences, bias_table, code_table,
+                               comparison_table, plot_comparison, plot_curves, plot_segments, plot_updates,
+                               segment_table)
 from ..outputs import claim_folder, no_link
+from ..render import Document, fmt, md_escape
 from ..tasks import get_task
-from ..utils import atomic_write_json, atomic_write_text
+from ..utils import atomic_write_json
 from .aggregation import aggregate, aggregate_segments, load_results
 
 
@@ -57,72 +55,62 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     status = {s: sum(r["status"] == s for r in runs) for s in sorted({r["status"] for r in runs})}
     wall = sum(r["wall_seconds"] or 0 for r in runs)
 
-    def summary(esc, bold="**{}**"):  # the runs line, names from the spec through `esc`
+    def summary(esc):  # the runs line (Markdown), names from the spec through `esc`
         return (f"Runs: {len(runs)} ({', '.join(f'{v} {esc(k)}' for k, v in status.items())}); "
                 f"methods: {', '.join(esc(m) for m in results['methods'])} "
-                f"(baseline {bold.format(esc(results['baseline']))}); "
+                f"(baseline **{esc(results['baseline'])}**); "
                 f"total wall time {wall / 60:.1f} min."
                 + (f" Runs selected with --only {' '.join(esc(x) for x in only)}." if only else ""))
 
-    intro = [f"# Experiment {md_escape(results['name'])}", "", summary(md_escape), "",
-             "Each cell is the mean ± sample std over seeds. Δ is method − baseline over the seeds both "
-             "have (marked when that is fewer than a mean covers), paired by seed "
-             "(t-test over seeds) and by example (bootstrap over QA questions, scores averaged over seeds, "
-             "or over tagging sentences, the corpus-level main metric recomputed on each resample; "
-             "10,000 resamples). A Δ is bold only when both p-values are below 0.05. "
-             "`val` is each run's `data.eval_file`, the set its best checkpoint was selected on (an "
-             "optimistic estimate); other eval sets are scored once, with that checkpoint.", ""]
-    head, body = comparison_table(rows)
+    doc = Document(f"Experiment {results['name']}")
     # The position bias first: one number per bucketing and method, before the detail.
-    md = intro[:2] + ["## Position bias", ""]
-    htm = [f"<h1>Experiment <code>{html.escape(results['name'])}</code></h1>", "<h2>Position bias</h2>"]
+    doc.heading("Position bias")
     if bias_rows:
-        bh, bb = bias_table(bias_rows)
-        note = bias_note(bias_rows)
-        md += [f"- {x}" for x in bias_sentences(bias_rows, md_escape)] + ["", _md_table(bh, bb), "", note, ""]
-        htm += (["<ul>"] + [f"<li>{html.escape(x)}</li>" for x in bias_sentences(bias_rows)] + ["</ul>"]
-                + [_html_table(bh, bb), f"<p>{html.escape(note.replace('`', ''))}</p>"])
+        doc.bullets(bias_sentences(bias_rows, md_escape))
+        doc.table(*bias_table(bias_rows))
+        doc.paragraph(bias_note(bias_rows))
     else:
-        md += [NO_BIAS, ""]
-        htm.append(f"<p>{NO_BIAS}</p>")
-    md += intro[2:] + ["## Results", "", _md_table(head, body), ""]
-    htm += ["<p>" + summary(html.escape, "<b>{}</b>") + "</p><p>" + html.escape(intro[4]) + "</p>",
-            "<h2>Results</h2>", _html_table(head, body)]
+        doc.paragraph(NO_BIAS)
+    doc.paragraph(summary(md_escape))
+    doc.paragraph("Each cell is the mean ± sample std over seeds. Δ is method − baseline over the seeds both "
+                  "have (marked when that is fewer than a mean covers), paired by seed "
+                  "(t-test over seeds) and by example (bootstrap over QA questions, scores averaged over seeds, "
+                  "or over tagging sentences, the corpus-level main metric recomputed on each resample; "
+                  "10,000 resamples). A Δ is bold only when both p-values are below 0.05. "
+                  "`val` is each run's `data.eval_file`, the set its best checkpoint was selected on (an "
+                  "optimistic estimate); other eval sets are scored once, with that checkpoint.")
+    doc.heading("Results")
+    doc.table(*comparison_table(rows))
     if seg_rows:
-        sh, sb = segment_table(seg_rows)
-        note = ("Segments by gold answer position (`first_x_tokens`, `gold_position_quartile`), gold answer "
-                "sentence (`answer_sentence`) or gold answer length (`answer_length`: words of the shortest gold "
-                "answer) hold the same questions for every method: their Δ F1 is tested over seeds and by a paired "
-                "bootstrap over the segment's questions (answer positions need each run's `best/` checkpoint for "
-                "its tokenizer: in a store copied without them that bootstrap is left empty). Segments by "
-                "predicted position differ by method (t-test only).")
-        md += ["## Segments", "", note, "", _md_table(sh, sb), ""]
-        htm += ["<h2>Segments</h2>", f"<p>{html.escape(note)}</p>", _html_table(sh, sb)]
+        doc.heading("Segments")
+        doc.paragraph("Segments by gold answer position (`first_x_tokens`, `gold_position_quartile`), gold answer "
+                      "sentence (`answer_sentence`) or gold answer length (`answer_length`: words of the shortest "
+                      "gold answer) hold the same questions for every method: their Δ F1 is tested over seeds and "
+                      "by a paired bootstrap over the segment's questions (answer positions need each run's `best/` "
+                      "checkpoint for its tokenizer: in a store copied without them that bootstrap is left empty). "
+                      "Segments by predicted position differ by method (t-test only).")
+        doc.table(*segment_table(seg_rows))
     if improvements:
-        ih = ["data", "eval set", "method", "seeds", "questions improved (mean)",
-              "more precise boundaries, % (mean ± std)", "corrections, %"]
-        ib = [[_scope(r), r["eval_set"], r["method"], str(r["seeds"]), f"{r['improved_mean']:.1f}",
-               _mean_sd(r["boundary_share_mean"], r["boundary_share_std"],
-                        1 if _no_std(r["boundary_share_std"]) else r["seeds"]),
-               _fmt(100 - r["boundary_share_mean"])] for r in improvements]
-        note = ("Among questions where the method's F1 beats the baseline's (same seed): a correction when "
-                "the two answers share no token, else a more precise boundary (Random Padding paper §6.2).")
-        md += ["## How the method improves", "", note, "", _md_table(ih, ib), ""]
-        htm += ["<h2>How the method improves</h2>", f"<p>{html.escape(note)}</p>", _html_table(ih, ib)]
+        doc.heading("How the method improves")
+        doc.paragraph("Among questions where the method's F1 beats the baseline's (same seed): a correction when "
+                      "the two answers share no token, else a more precise boundary (Random Padding paper §6.2).")
+        doc.table(["data", "eval set", "method", "seeds", "questions improved (mean)",
+                   "more precise boundaries, % (mean ± std)", "corrections, %"],
+                  [[_scope(r), r["eval_set"], r["method"], str(r["seeds"]), f"{r['improved_mean']:.1f}",
+                    _mean_sd(r["boundary_share_mean"], r["boundary_share_std"],
+                             1 if _no_std(r["boundary_share_std"]) else r["seeds"]),
+                    fmt(100 - r["boundary_share_mean"])] for r in improvements])
     ch, cb = code_table(runs)
     if cb:
-        note = ("The code each finished run was trained with: the posbias checkout's commit, `+ changes` when "
-                "tracked files differed from it, `not recorded` for runs of a posbias that did not record it "
-                "(or not run from a git checkout).")
-        md += ["## Code and versions", "", note, "", _md_table(ch, cb), ""]
-        htm += ["<h2>Code and versions</h2>", f"<p>{html.escape(note.replace('`', ''))}</p>", _html_table(ch, cb)]
-    md += ["## Plots", ""]
-    htm += ["<h2>Plots</h2>"]
+        doc.heading("Code and versions")
+        doc.paragraph("The code each finished run was trained with: the posbias checkout's commit, `+ changes` "
+                      "when tracked files differed from it, `not recorded` for runs of a posbias that did not "
+                      "record it (or not run from a git checkout).")
+        doc.table(ch, cb)
+    doc.heading("Plots")
     for title, p in figures:
-        md += [f"![{md_escape(title)}](plots/{quote(p.name)})", ""]
-        htm.append(html_figure(title, p, f"plots/{p.name}"))
-    atomic_write_text(exp_dir / "report.md", "\n".join(md) + "\n")
-    atomic_write_text(exp_dir / "report.html", html_page(results["name"], htm))
+        doc.figure(title, p, f"plots/{p.name}")
+    doc.write(exp_dir, "report")
     atomic_write_json(exp_dir / "report.json", {"position_bias": bias_rows, "rows": rows, "segments": seg_rows,
                                                 "improvements": improvements})
     return {"report_md": str(exp_dir / "report.md"), "report_html": str(exp_dir / "report.html"),

@@ -1,7 +1,6 @@
 """`posbias diagnose qa`: position analyses of any local QA model (posbias run or HF QA checkpoint)."""
 from __future__ import annotations
 
-import html
 import json
 import re
 import time
@@ -13,13 +12,13 @@ from ..analysis.bias import NO_ANSWER
 from ..checkpoint import load_checkpoint
 from ..errors import ConfigError
 from ..evaluation import eval_config, write_run_meta
-from ..analysis.report import _plt, html_figure, html_page, html_table, md_table, plot_update_fractions, short_name
-from ..analysis.text import md_escape, plot_text
+from ..analysis.report import plot_update_fractions
 from ..analysis.updates import PositionUpdateCounter
 from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, merged_text, note, position_axis, quality,
                                 quality_text, report_line, sentence, table_row, terminal_block)
 from ..outputs import staged_output
-from ..utils import atomic_write_json, atomic_write_text
+from ..render import Document, md_escape, plot_text, pyplot, short_name
+from ..utils import atomic_write_json
 from . import metrics as M
 from .answer_length import answer_length_labels
 from .answer_sentence import answer_sentence_labels
@@ -39,11 +38,12 @@ def _table(labels: dict[str, str], scores: dict[str, tuple[float, float]]) -> li
     return rows
 
 
-def _md(rows: list[dict], title: str, min_size: int = MIN_BUCKET) -> list[str]:
+def _segments(doc: Document, rows: list[dict], title: str, min_size: int = MIN_BUCKET) -> None:
     """A segment table; segments under `min_size` questions are marked † (too few to read alone)."""
-    body = [[str(r["segment"]), f"{r['questions']}{' †' if r['questions'] < min_size else ''}", f"{r['exact']:.2f}",
-             f"{r['f1']:.2f}"] for r in rows]
-    return [f"### {md_escape(title)}", "", md_table(["segment", "questions", "EM", "F1"], body), ""]
+    doc.heading(md_escape(title), level=3)
+    doc.table(["segment", "questions", "EM", "F1"],
+              [[str(r["segment"]), f"{r['questions']}{' †' if r['questions'] < min_size else ''}", f"{r['exact']:.2f}",
+                f"{r['f1']:.2f}"] for r in rows])
 
 
 AXES = {"gold_position_quartile": "answer position", "answer_sentence": "answer sentence"}
@@ -109,21 +109,6 @@ def verdict_lines(summary: dict, output_dir) -> list[str]:
     return terminal_block(title, _axes(bias), bias["quality"], report_line(output_dir, len(summary["plots"])))
 
 
-def _html(title: str, intro: list[str], tables: dict, titles: dict, plots: list[Path], bias: dict) -> str:
-    """The diagnosis as one self-contained page (plots embedded), the same content as diagnosis.md."""
-    head_line, head, body, notes = _bias_block(bias)
-    parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Position bias</h2>", f"<p><b>{html.escape(head_line)}</b></p>",
-             html_table(head, body)] + [f"<p>{html.escape(x)}</p>" for x in notes]
-    parts += [f"<p>{html.escape(x)}</p>" for x in intro if x]
-    for name, rows in tables.items():
-        parts.append(f"<h2>{html.escape(titles.get(name, name))}</h2>")
-        parts.append(html_table(["segment", "questions", "EM", "F1"],
-                                [[str(r["segment"]), str(r["questions"]), f"{r['exact']:.2f}", f"{r['f1']:.2f}"]
-                                 for r in rows]))
-    parts += ["<h2>Plots</h2>"] + [html_figure(p.stem.replace("_", " "), p, p.name) for p in plots]
-    return html_page(title, parts)
-
-
 def equal_count_bins(x: np.ndarray, min_size: int = MIN_BUCKET, max_bins: int = 8) -> list[np.ndarray]:
     """Indices of `x` split into consecutive bins by position, each of >= `min_size` examples (as many
     bins as that allows, at most `max_bins`); equal positions never straddle two bins."""
@@ -149,7 +134,7 @@ def plot_position_curve(positions: dict[str, int], scores: dict, max_seq_len: in
     counts (>= `min_size` each), each point at its bin's mean position with a 95% interval (mean ±
     1.96 standard errors) and its position range; the least-squares trend line; the front/rear
     boundary of the verdict (`axis`) as a dotted line."""
-    plt = _plt()
+    plt = pyplot()
     qids = [q for q in positions if q in scores]
     x = np.array([positions[q] for q in qids], dtype=np.float64)
     y = np.array([100 * float(scores[q][1]) for q in qids])
@@ -270,20 +255,26 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
              f"S_X(1): a gold mention starts in the first X tokens of any window (§6.1). Segments marked † hold "
              f"fewer than {min_bucket} questions: too few to read alone."]
     headline, bias_head, bias_body, bias_notes = _bias_block(bias)
-    # The title and the intro name the user's model and file: escaped for Markdown (the HTML escapes its own).
-    md = [f"# {md_escape(title)}", "", "## Position bias", "", f"**{headline}**", "",
-          md_table(bias_head, bias_body), ""]
-    md += [x + "\n" for x in bias_notes] + [md_escape(intro[0]), "", intro[1], ""]
+    # The title and the intro name the user's model and file: escaped for Markdown.
+    doc = Document(title)
+    doc.heading("Position bias")
+    doc.paragraph(f"**{headline}**")
+    doc.table(bias_head, bias_body)
+    for x in bias_notes:
+        doc.paragraph(x)
+    doc.paragraph(md_escape(intro[0]))
+    doc.paragraph(intro[1])
     titles = {"gold_position_quartile": "F1 by quarter of the window holding the gold answer start",
               "pred_position_quartile": "F1 by quarter of the window holding the predicted start (Table 1)",
               "answer_length": "EM/F1 by length of the shortest gold answer, in words (MaP Fig. 6)",
               "answer_sentence": "EM/F1 by the paragraph sentence holding the first gold answer (Ko et al. 2020)"}
     for key, rows in tables.items():
-        md += _md(rows, titles.get(key, f"{key}: S_X(1) = some gold mention within the first X tokens, "
-                                        "S_X(2) = all later (App. C)"), min_bucket)
-    md += [f"![{p.stem}]({p.name})" for p in plots]
-    atomic_write_text(out / "diagnosis.md", "\n".join(md) + "\n")
-    atomic_write_text(out / "diagnosis.html", _html(title, intro, tables, titles, plots, bias))
+        _segments(doc, rows, titles.get(key, f"{key}: S_X(1) = some gold mention within the first X tokens, "
+                                             "S_X(2) = all later (App. C)"), min_bucket)
+    doc.heading("Plots")
+    for p in plots:
+        doc.figure(p.stem.replace("_", " "), p)
+    doc.write(out, "diagnosis")
     summary = {"position_bias": bias, "model": str(model), "data": ds.path, "data_name": str(data_name),
                "metrics": result, "tables": tables, "plots": [str(final / p.name) for p in plots]}
     summary["verdict_lines"] = verdict_lines(summary, final)

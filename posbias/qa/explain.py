@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..analysis.text import plot_text
+from ..render import plot_text, pyplot
 from ..checkpoint import load_checkpoint
 from ..errors import ConfigError
 from ..evaluation import eval_config
@@ -99,14 +99,13 @@ def example_attention(model, tokenizer, mcfg, question: str, context: str, answe
 
 
 def _plot(att: np.ndarray, tokens: list[str], predicted: list[int], gold: list[int], path: Path, title: str) -> None:
-    import matplotlib
+    from matplotlib.patches import Rectangle  # matplotlib is loaded by `pyplot()` only when a plot is drawn
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
+    plt = pyplot()
 
     s = att.shape[1]
     fig, ax = plt.subplots(figsize=(max(8.0, 0.16 * s + 1.5), 2.6))
+    ax.grid(False)  # a heat map: the reports' grid lines would cross its cells
     im = ax.imshow(att, aspect="auto", cmap="viridis", vmin=0, vmax=float(att.max()) or 1.0)
     ax.set_yticks([0, 1], ["start query", "end query"], fontsize=8)
     ax.set_xticks(range(s), [plot_text(t) for t in tokens], rotation=90, fontsize=6)  # "$" is a token

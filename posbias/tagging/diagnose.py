@@ -7,20 +7,17 @@ and its plots, with the run's config and versions.
 """
 from __future__ import annotations
 
-import html
 import time
 from pathlib import Path
-from urllib.parse import quote
 
 import numpy as np
 
-from ..analysis.report import _plt, html_figure, html_page, html_table, md_table, short_name
-from ..analysis.text import md_escape, plot_text
 from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, alpha_axis, curve_intervals, evidence, note,
                                 psi, quality, quality_text, report_line, sentence, table_row, terminal_block)
 from ..evaluation import load_for_eval, write_run_meta
 from ..outputs import staged_output
-from ..utils import atomic_write_json, atomic_write_text
+from ..render import Document, md_escape, plot_text, pyplot, short_name
+from ..utils import atomic_write_json
 from .duplicated import MODES, length_subset, position_eval, sentence_counts
 from .evaluate import align_labels
 from .inputs import length_pool, read_for
@@ -84,7 +81,7 @@ def plot_position_curves(result: dict, path: Path, title: str) -> Path:
     ± sample std over k >= α as a band, said in the legend), each k as a thin line; shift mode
     dashed, with its interval where there is one. The main metric's panel says the verdict's
     front − rear effect."""
-    plt = _plt()
+    plt = pyplot()
     keys = _keys(result)
     fig, axes = plt.subplots(1, len(keys), figsize=(3.4 * len(keys), 3.4), squeeze=False)
     dup, shift = result.get("duplicate"), result.get("shift")
@@ -123,7 +120,7 @@ def plot_per_class(result: dict, path: Path, title: str) -> Path | None:
     dup = result.get("duplicate")
     if not dup:
         return None
-    plt = _plt()
+    plt = pyplot()
     classes = list(dup["by_alpha"][0]["per_class"])
     if result["scheme"] == "none":  # POS: the most frequent tags only, or the plot is unreadable
         first = next(c for c in dup["cells"] if c["k"] == 1)
@@ -291,24 +288,22 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
     intro = _intro(result, md_escape)
     head, body = _alpha_table(result)
     headline, bh, bb, bnotes = _bias_block(result, bias)
-    md = [f"# {md_escape(title)}", "", "## Position bias", "", f"**{headline}**", "", md_table(bh, bb), ""]
-    md += [x + "\n" for x in bnotes]
-    md += [x + "\n" for x in intro] + [f"## {metric}(α)", "", md_table(head, body), ""]
-    htm = [f"<h1>{html.escape(title)}</h1>", "<h2>Position bias</h2>", f"<p><b>{html.escape(headline)}</b></p>",
-           html_table(bh, bb)] + [f"<p>{html.escape(x.replace('`', ''))}</p>" for x in bnotes]
-    htm += [f"<p>{html.escape(x).replace('**', '')}</p>" for x in _intro(result, str)]
-    htm += [f"<h2>{html.escape(metric)}(α)</h2>", html_table(head, body)]
+    doc = Document(title)
+    doc.heading("Position bias")
+    doc.paragraph(f"**{headline}**")
+    doc.table(bh, bb)
+    for x in bnotes + intro:
+        doc.paragraph(x)
+    doc.heading(f"{metric}(α)")
+    doc.table(head, body)
     ct = _class_table(result)
     if ct:
-        md += ["## Per class (duplicate mode)", "", md_table(*ct), ""]
-        htm += ["<h2>Per class (duplicate mode)</h2>", html_table(*ct)]
-    md += ["## Plots", ""]
-    htm.append("<h2>Plots</h2>")
+        doc.heading("Per class (duplicate mode)")
+        doc.table(*ct)
+    doc.heading("Plots")
     for name, p in plots:
-        md += [f"![{md_escape(name)}]({quote(Path(p).name)})", ""]
-        htm.append(html_figure(name, p, Path(p).name))
-    atomic_write_text(out / "diagnosis.md", "\n".join(md) + "\n")
-    atomic_write_text(out / "diagnosis.html", html_page(title, htm))
+        doc.figure(name, p)
+    doc.write(out, "diagnosis")
     atomic_write_json(out / "diagnosis.json", {"position_bias": bias, **result})  # the bias first
     return [Path(p) for _, p in plots]
 
@@ -395,7 +390,7 @@ def plot_methods_by_alpha(results: dict, plots_dir) -> list[tuple[str, Path]]:
     sets = sorted({k for r in finished for k, m in r["metrics"].items() if "report" in m})
     out = []
     for eval_set in sets:
-        plt = _plt()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(7, 4))
         metric = None
         for i, method in enumerate(results["methods"]):

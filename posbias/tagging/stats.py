@@ -13,8 +13,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from ..analysis.report import _plt
-from ..analysis.text import md_escape, plot_text
+from ..render import md_escape, plot_text, pyplot
 from ..config import resolve_path
 from ..outputs import staged_output
 from ..utils import atomic_write_json, atomic_write_text
@@ -68,7 +67,7 @@ def plot_length_density(lengths: dict[str, np.ndarray], path, bounds: dict | Non
     hi) shades a D* range."""
     from scipy.stats import gaussian_kde
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.8))
     top = max(int(np.percentile(x, 99.5)) for x in lengths.values() if len(x)) + 5
     grid = np.linspace(0, top, 400)
@@ -93,7 +92,7 @@ def plot_class_positions(positions: dict[str, np.ndarray], path, title: str, max
                          max_position: int = 60) -> Path:
     """Histograms of the word position of each class (entity starts or tagged words), the most
     frequent `max_classes` classes, positions beyond `max_position` in the last bin (Figs. 3-5)."""
-    plt = _plt()
+    plt = pyplot()
     top = sorted(positions, key=lambda t: -len(positions[t]))[:max_classes]
     cols = min(4, max(len(top), 1))
     rows = (len(top) + cols - 1) // cols or 1

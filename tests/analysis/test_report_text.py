@@ -1,4 +1,4 @@
-"""Users' text in reports (`posbias.analysis.text`) and non-finite numbers in JSON outputs: a class,
+"""Users' text in reports (`posbias.render`) and non-finite numbers in JSON outputs: a class,
 file, model or method name holding matplotlib math (`$\\undefinedcmd$`), a `|` or HTML neither
 breaks a plot nor a Markdown table nor reaches a page as HTML; NaN is written as null, and a NaN
 no-answer probability is bad input."""
@@ -14,8 +14,8 @@ import yaml
 
 from helpers import demo_v2_file, run_cli, tiny_config
 from posbias.config import RESOURCES
-from posbias.analysis.report import md_table
-from posbias.analysis.text import md_escape, plot_text
+from posbias.render import md_table
+from posbias.render import md_escape, plot_text
 from posbias.utils import atomic_write_json
 
 MATH = "$\\undefinedcmd$"
