@@ -123,7 +123,7 @@ def measure(phase: str, label: str, args) -> dict:
         units = len(feats)
     else:
         feats = build_qa_features(train_examples(args.batch_size * (args.steps + 1)), tok, max_seq_len=384,
-                                  doc_stride=128, train=True, version=1)
+                                  stride=128, train=True, version=1)
         order = np.random.default_rng(SEED).permutation(len(feats))
         batches = [order[i * args.batch_size:(i + 1) * args.batch_size] for i in range(args.steps + 1)]
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5)

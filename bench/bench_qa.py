@@ -157,7 +157,7 @@ def raw_encoder(cfg, run_dir: Path, n_batches: int) -> dict:
     tok = load_tokenizer(cfg.model)
     examples = read_squad(cfg.data.train_file).examples
     d = cfg.data
-    feats = build_qa_features(examples, tok, max_seq_len=d.max_seq_len, doc_stride=d.stride,
+    feats = build_qa_features(examples, tok, max_seq_len=d.max_seq_len, stride=d.stride,
                               max_query_len=d.max_query_len, train=True, version=1,
                               label_policy=LABEL_POLICIES.get("first"), seed=cfg.train.seed)
     batches = batch_order(feats.lengths, cfg.train.batch_size, cfg.train.seed, 0)[:n_batches]

@@ -279,8 +279,6 @@ def check_model_folder(folder: str, key: str) -> None:
 def _looks_like_hub_id(spec: str) -> bool:
     """`name` or `org/name` of letters, digits, `-_.` (not a path: no leading `.`/`/`, no suffix
     that only files have)."""
-    import re
-
     return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w][\w.-]*)?", spec)) and not spec.endswith(
         (".json", ".gz", ".conll", ".conllu", ".txt", ".yaml", ".safetensors"))
 

@@ -13,7 +13,6 @@ import json
 import os
 import stat
 import zlib
-from pathlib import Path
 
 import yaml
 

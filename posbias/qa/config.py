@@ -130,7 +130,7 @@ class QAConfig(RunConfig):
 
     def validate(self) -> None:
         """QA checks; each error names the dotted key(s) to change."""
-        d, dec = self.data, self.decode
+        d = self.data
         if self.model.head is None:
             self.model.head = "independent"
         HEADS.get(self.model.head, "model.head")

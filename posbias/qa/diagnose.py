@@ -219,7 +219,7 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
     version = "2.0" if ds.has_impossible else "1.1"
     scores = M.per_question(ds.gold(), preds, version=version)
     d = cfg.data
-    mentions = gold_mention_positions(ds.examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.stride,
+    mentions = gold_mention_positions(ds.examples, tokenizer, max_seq_len=d.max_seq_len, stride=d.stride,
                                       max_query_len=d.max_query_len, context_first=d.context_first)
     starts = {q: min(p) for q, p in mentions.items() if p}
     gold_quartiles = quartile_labels(starts, d.max_seq_len)
@@ -230,7 +230,7 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
                                          scores),
     }
     # S_X (§6.1): a mention in the front X tokens of any window, not only of the first holding it.
-    every = gold_mention_positions(ds.examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.stride,
+    every = gold_mention_positions(ds.examples, tokenizer, max_seq_len=d.max_seq_len, stride=d.stride,
                                    max_query_len=d.max_query_len, context_first=d.context_first, windows="every")
     for x in xs:
         tables[f"first_x_tokens(x={x})"] = _table(first_x_labels(every, int(x)), scores)

@@ -35,7 +35,7 @@ EVAL_CACHE_TOKENS = 1 << 18
 
 def eval_features(examples: list[QAExample], tokenizer, cfg: RunConfig, source: str) -> QAFeatures:
     d = cfg.data
-    return build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.stride,
+    return build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, stride=d.stride,
                              max_query_len=d.max_query_len, context_first=d.context_first, train=False,
                              source=source)
 
@@ -47,7 +47,7 @@ def eval_windows(examples: list[QAExample], tokenizer, cfg: RunConfig, source: s
         return eval_features(examples, tokenizer, cfg, source)
     d = cfg.data
     return StreamedFeatures(examples, tokenizer, chunk_chars=EVAL_CHUNK_CHARS, cache_tokens=EVAL_CACHE_TOKENS,
-                            max_seq_len=d.max_seq_len, doc_stride=d.stride, max_query_len=d.max_query_len,
+                            max_seq_len=d.max_seq_len, stride=d.stride, max_query_len=d.max_query_len,
                             context_first=d.context_first, source=source)
 
 

@@ -2,11 +2,12 @@
 
 Shape legend: n windows; L_i tokens in window i (no padding is stored: padding happens per batch).
 Each window is `[CLS] question [SEP] context-part [SEP]` (or context first for tokenizers that pad
-on the left, like XLNet), so a long context becomes several overlapping windows (`doc_stride`).
+on the left, like XLNet), so a long context becomes several overlapping windows (`stride`).
 """
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -170,7 +171,7 @@ def _max_context(offsets: list[np.ndarray], windows: list[int]) -> None:
     return [masks[w] for w in windows]
 
 
-def _encode(examples: list[QAExample], tokenizer, *, max_seq_len: int, doc_stride: int, max_query_len: int,
+def _encode(examples: list[QAExample], tokenizer, *, max_seq_len: int, stride: int, max_query_len: int,
             ctx_first: bool, source: str, offsets: bool = True):
     """(the tokenizer's windows of every example, number of questions cut): the one tokenizer call
     that both `build_qa_features` and `window_lengths` make, so their windows agree exactly
@@ -183,14 +184,14 @@ def _encode(examples: list[QAExample], tokenizer, *, max_seq_len: int, doc_strid
     try:
         # No attention mask: nothing reads it, and its Python list costs 8 bytes a token.
         enc = tokenizer(first, second, truncation="only_first" if ctx_first else "only_second",
-                        max_length=max_seq_len, stride=doc_stride, return_overflowing_tokens=True,
+                        max_length=max_seq_len, stride=stride, return_overflowing_tokens=True,
                         return_offsets_mapping=offsets, return_attention_mask=False, padding=False)
     except Exception as err:  # find the culprit instead of surfacing a Rust stack trace
         for e, q in zip(examples, questions):
             try:
                 a, b = (e.context, q) if ctx_first else (q, e.context)
                 tokenizer(a, b, truncation="only_first" if ctx_first else "only_second",
-                          max_length=max_seq_len, stride=doc_stride, return_overflowing_tokens=True)
+                          max_length=max_seq_len, stride=stride, return_overflowing_tokens=True)
             except Exception as one:
                 raise DataError(source, e.id, f"tokenizer failed: {one}") from None
         raise DataError(source, None, f"tokenizer failed: {err}") from None
@@ -202,7 +203,7 @@ def build_qa_features(
     tokenizer,
     *,
     max_seq_len: int = 384,
-    doc_stride: int = 128,
+    stride: int = 128,
     max_query_len: int = 64,
     context_first: str = "auto",
     train: bool = False,
@@ -211,10 +212,13 @@ def build_qa_features(
     unanswerable_windows: str = "auto",
     seed: int = 0,
     source: str = "<examples>",
+    doc_stride: int | None = None,
 ) -> QAFeatures:
     """Tokenize examples into windows; with `train`, attach span labels.
 
     Args:
+        stride: tokens two consecutive windows of one context share (`data.stride`; `doc_stride`,
+            run_qa's name and this function's before config version 2, is read with a FutureWarning).
         examples: validated examples (see posbias.data.squad).
         tokenizer: a fast Hugging Face tokenizer.
         train: attach labels via `label_policy` and drop/redirect windows without the label.
@@ -228,6 +232,9 @@ def build_qa_features(
             default for direct callers; runs take `data.unanswerable_windows` (default cls).
         source: file name used in error messages.
     """
+    if doc_stride is not None:
+        warnings.warn("build_qa_features(doc_stride=...) is now stride=...", FutureWarning, stacklevel=2)
+        stride = doc_stride
     check_fast_tokenizer(tokenizer)
     if not examples:
         raise DataError(source, None, "no examples to build features from")
@@ -235,7 +242,7 @@ def build_qa_features(
         from .labels import first_answer as label_policy  # binds the parameter's default, only when none is given
     unanswerable_windows = resolve_unanswerable_windows(unanswerable_windows, version)
     ctx_first = resolve_context_first(tokenizer, context_first)
-    enc, n_cut = _encode(examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride,
+    enc, n_cut = _encode(examples, tokenizer, max_seq_len=max_seq_len, stride=stride,
                          max_query_len=max_query_len, ctx_first=ctx_first, source=source)
 
     ctx_seq = 0 if ctx_first else 1
@@ -323,7 +330,7 @@ def build_qa_features(
         stats=stats, question_mask=qmask, null_candidate=train and n_null > 0)
 
 
-def window_lengths(examples: list[QAExample], tokenizer, *, max_seq_len: int = 384, doc_stride: int = 128,
+def window_lengths(examples: list[QAExample], tokenizer, *, max_seq_len: int = 384, stride: int = 128,
                    max_query_len: int = 64, context_first: str = "auto",
                    source: str = "<examples>") -> tuple[np.ndarray, np.ndarray]:
     """(lengths (n,), example_index (n,)) of the windows `build_qa_features(..., train=False)` makes,
@@ -331,7 +338,7 @@ def window_lengths(examples: list[QAExample], tokenizer, *, max_seq_len: int = 3
     check_fast_tokenizer(tokenizer)
     if not examples:
         raise DataError(source, None, "no examples to build features from")
-    enc, _ = _encode(examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride,
+    enc, _ = _encode(examples, tokenizer, max_seq_len=max_seq_len, stride=stride,
                      max_query_len=max_query_len, ctx_first=resolve_context_first(tokenizer, context_first),
                      source=source, offsets=False)
     lengths = np.array([len(x) for x in enc["input_ids"]], dtype=np.int64)
@@ -373,7 +380,7 @@ class StreamedFeatures:
 
     def __init__(self, examples: list[QAExample], tokenizer, *, chunk_chars: int = 1 << 18,
                  cache_tokens: int = 1 << 18, **options):
-        """options: the window keywords of `build_qa_features` (max_seq_len, doc_stride, max_query_len,
+        """options: the window keywords of `build_qa_features` (max_seq_len, stride, max_query_len,
         context_first, source)."""
         self.examples, self.tokenizer, self.options = examples, tokenizer, options
         self.cache_tokens = cache_tokens

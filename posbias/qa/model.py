@@ -251,7 +251,7 @@ def check_hf_parity(model: QAModel, hf, tokenizer, source, *, exporting: bool = 
     Face QA model `hf`'s on `PARITY_EXAMPLES` (posbias's own windows, right-padded into one batch),
     at the positions posbias scores: the context tokens, and [CLS] for a model with null answers."""
     examples = [QAExample(f"parity-{i}", q, c) for i, (q, c) in enumerate(PARITY_EXAMPLES)]
-    features = build_qa_features(examples, tokenizer, max_seq_len=64, doc_stride=16, train=False,
+    features = build_qa_features(examples, tokenizer, max_seq_len=64, stride=16, train=False,
                                  source="parity check")
     # Right padding: HF's default position ids (0, 1, ... from the first slot) then equal posbias's.
     batch = collate(features, np.arange(len(features)), pad_id=tokenizer.pad_token_id, padding_side="right")

@@ -25,7 +25,7 @@ from .readers import read_dataset
 WINDOWS = ("first", "every")
 
 
-def gold_mention_positions(examples: list[QAExample], tokenizer, *, max_seq_len: int, doc_stride: int,
+def gold_mention_positions(examples: list[QAExample], tokenizer, *, max_seq_len: int, stride: int,
                            max_query_len: int = 64, context_first: str = "auto",
                            windows: str = "first") -> dict[str, list[int]]:
     """Question id -> start token position of every gold mention.
@@ -36,7 +36,7 @@ def gold_mention_positions(examples: list[QAExample], tokenizer, *, max_seq_len:
     """
     if windows not in WINDOWS:
         raise ValueError(f"windows must be one of {list(WINDOWS)}, got {windows!r}")
-    feats = build_qa_features(examples, tokenizer, max_seq_len=max_seq_len, doc_stride=doc_stride,
+    feats = build_qa_features(examples, tokenizer, max_seq_len=max_seq_len, stride=stride,
                               max_query_len=max_query_len, context_first=context_first, train=False)
     out: dict[str, list[int]] = {e.id: [] for e in examples}
     seen: set[tuple[str, int]] = set()
@@ -70,7 +70,7 @@ def first_x_labels(mentions: dict[str, list[int]], x: int) -> dict[str, str]:
     out. `mentions` should hold every window's positions (`gold_mention_positions(windows="every")`):
     §6.1 asks whether an answer "is located in the front X tokens of the input sequence", and a
     question whose mention sits at the rear of its first window but in the front of the next one
-    (doc_stride) can be answered at a front position."""
+    (stride) can be answered at a front position."""
     return {qid: (f"S{x}(1)" if min(ps) <= x else f"S{x}(2)") for qid, ps in mentions.items() if ps}
 
 
@@ -93,7 +93,7 @@ def gold_position_quartile(examples, eval_dir, checkpoint, **options):
     """Quarter of the input window where the earliest gold mention starts."""
     tokenizer, cfg = _checkpoint_setup(checkpoint)
     d = cfg.data
-    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.stride,
+    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=d.max_seq_len, stride=d.stride,
                                       max_query_len=d.max_query_len, context_first=d.context_first)
     return quartile_labels({q: min(p) if p else None for q, p in mentions.items()}, d.max_seq_len)
 
@@ -112,7 +112,7 @@ def first_x_tokens(examples, eval_dir, checkpoint, x: int = 100, **options):
     """S_X^(1) / S_X^(2) of App. C, X in tokens of the input window."""
     tokenizer, cfg = _checkpoint_setup(checkpoint)
     d = cfg.data
-    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.stride,
+    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=d.max_seq_len, stride=d.stride,
                                       max_query_len=d.max_query_len, context_first=d.context_first,
                                       windows="every")
     return first_x_labels(mentions, int(x))

@@ -51,7 +51,7 @@ class QATask:
 
     def train_features(self, examples, tokenizer, cfg, train_ds):
         d = cfg.data
-        feats = build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, doc_stride=d.stride,
+        feats = build_qa_features(examples, tokenizer, max_seq_len=d.max_seq_len, stride=d.stride,
                                   max_query_len=d.max_query_len, context_first=d.context_first, train=True,
                                   version=data_version(cfg, train_ds.null_answers),
                                   label_policy=LABEL_POLICIES.get(d.label_policy, "data.label_policy"),

@@ -13,7 +13,6 @@ the tag column does not have), so a file that is right is never re-read and neve
 from __future__ import annotations
 
 from ..errors import DataError
-from ..records import read_text
 from ..hf_datasets import tag_lists
 from .conll import word_rows
 from .conllu import read_conllu

@@ -13,7 +13,7 @@ from helpers import relative_error, tiny_config
 
 @pytest.fixture(scope="module")
 def feats(tokenizer, dev_examples):
-    return build_qa_features(dev_examples, tokenizer, max_seq_len=128, doc_stride=48, max_query_len=32,
+    return build_qa_features(dev_examples, tokenizer, max_seq_len=128, stride=48, max_query_len=32,
                              train=True)
 
 

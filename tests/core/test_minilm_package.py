@@ -25,7 +25,7 @@ def test_minilm_forward_backward(minilm, dev_examples):
     model = build_model(cfg.model, tok, null_answer=False)
     assert model.encoder.config.hidden_size == 384 and model.encoder.config.max_position_embeddings == 512
     assert sum(p.numel() for p in model.encoder.parameters()) == pytest.approx(22.6e6, rel=0.02)
-    feats = build_qa_features(dev_examples[:8], tok, max_seq_len=256, doc_stride=96, train=True)
+    feats = build_qa_features(dev_examples[:8], tok, max_seq_len=256, stride=96, train=True)
     batch = collate(feats, np.arange(4), pad_id=tok.pad_token_id, with_labels=True)
     out = model(batch, {k: batch[k] for k in ("start_positions", "end_positions")})
     assert torch.isfinite(out["loss"])
@@ -37,7 +37,7 @@ def test_minilm_forward_backward(minilm, dev_examples):
 
 def test_minilm_tokenizer_labels_every_question(minilm, dev_examples):
     _, tok = minilm
-    feats = build_qa_features(dev_examples, tok, max_seq_len=384, doc_stride=128, train=True)
+    feats = build_qa_features(dev_examples, tok, max_seq_len=384, stride=128, train=True)
     labelled = {dev_examples[i].id for i in feats.example_index}
     assert labelled == {e.id for e in dev_examples}
     for w in range(len(feats)):

@@ -274,7 +274,7 @@ def test_a_checkpoint_reloads_the_tokenizer_it_was_saved_with(tmp_path, task, mo
         examples = read_qa(DEMO_DEV).examples[:4]
         logits = []
         for net, t in ((model, tok), (again, tok2)):
-            feats = build_qa_features(examples, t, max_seq_len=128, doc_stride=48, max_query_len=64, train=False,
+            feats = build_qa_features(examples, t, max_seq_len=128, stride=48, max_query_len=64, train=False,
                                       version=1)
             batch = collate(feats, np.arange(4), pad_id=0, with_labels=False)
             with torch.no_grad():  # the context tokens' scores (the rest are masked to the float minimum)

@@ -84,7 +84,7 @@ def qa_batch(tokenizer, dev_examples):
     """(batch, targets): four windows of lengths 96, 62, 19 (a one-sentence context) and 96: two rows
     padded, one of them to five times its length."""
     short = QAExample("short", "Where did the cat sit?", "The cat sat on the mat.", [Answer("on the mat", 12)])
-    feats = build_qa_features([short, *dev_examples[:8]], tokenizer, max_seq_len=96, doc_stride=32,
+    feats = build_qa_features([short, *dev_examples[:8]], tokenizer, max_seq_len=96, stride=32,
                               max_query_len=24, train=True, version=1)
     lens = np.array([len(x) for x in feats.input_ids])
     order = np.argsort(lens, kind="stable")

@@ -76,7 +76,7 @@ def qa_batch(tok, n=4):
     from posbias.qa.features import build_qa_features
     from posbias.qa.readers import read_qa
 
-    feats = build_qa_features(read_qa(DEMO_DEV).examples[:n], tok, max_seq_len=96, doc_stride=32)
+    feats = build_qa_features(read_qa(DEMO_DEV).examples[:n], tok, max_seq_len=96, stride=32)
     return collate(feats, np.arange(len(feats)), pad_id=tok.pad_token_id, padding_side="right")
 
 

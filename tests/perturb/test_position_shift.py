@@ -139,7 +139,7 @@ def test_sampler_is_uniform_over_its_range():
 def test_perturbation_leaves_input_and_cls_alone(tokenizer, dev_examples):
     cfg = build_config(tiny_config() | {"perturb": [{"name": "random_padding"}]})
     (p,) = build_perturbations(cfg.perturb, cfg)
-    feats = build_qa_features(dev_examples[:8], tokenizer, max_seq_len=128, doc_stride=48, train=True)
+    feats = build_qa_features(dev_examples[:8], tokenizer, max_seq_len=128, stride=48, train=True)
     batch = collate(feats, np.arange(8), pad_id=0, with_labels=True)
     before = {k: v.clone() for k, v in batch.items()}
     out = p(batch, torch.Generator().manual_seed(3))

@@ -19,7 +19,7 @@ from posbias.qa.truncate import build_dataset, truncate_fixed
 
 from helpers import DEMO_DEV, DEMO_TRAIN, tiny_config, tiny_model
 
-WINDOWS = dict(max_seq_len=64, doc_stride=16, max_query_len=24)
+WINDOWS = dict(max_seq_len=64, stride=16, max_query_len=24)
 
 
 @pytest.fixture(scope="module")

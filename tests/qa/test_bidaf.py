@@ -21,7 +21,7 @@ BIDAF = {"model_type": "bidaf", "hidden_size": 16, "embedding_size": 8, "dropout
 
 @pytest.fixture(scope="module")
 def batch(tokenizer, dev_examples):
-    feats = build_qa_features(dev_examples[:6], tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24,
+    feats = build_qa_features(dev_examples[:6], tokenizer, max_seq_len=96, stride=32, max_query_len=24,
                               train=True, version=1)
     return collate(feats, np.arange(4), pad_id=0)
 

@@ -32,7 +32,7 @@ from helpers import DEMO_DEV, assert_close_to_scale, tiny_config, tiny_model
 
 @pytest.fixture(scope="module")
 def feats(tokenizer, dev_examples):
-    return build_qa_features(dev_examples[:12], tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24,
+    return build_qa_features(dev_examples[:12], tokenizer, max_seq_len=96, stride=32, max_query_len=24,
                              train=True, version=1, unanswerable_windows="cls")
 
 
@@ -277,7 +277,7 @@ def hand_sentence(char: int) -> int:
 def paragraph_features(tokenizer, answers, **windows):
     examples = [QAExample(id=f"q{i}", question="Who?", context=PARAGRAPH, answers=[Answer(a, PARAGRAPH.index(a))])
                 for i, a in enumerate(answers)]
-    options = {"max_seq_len": 128, "doc_stride": 32, **windows}
+    options = {"max_seq_len": 128, "stride": 32, **windows}
     return examples, build_qa_features(examples, tokenizer, max_query_len=8, train=True, version=1,
                                        unanswerable_windows="cls", **options)
 
@@ -319,7 +319,7 @@ def test_each_token_gets_the_prior_of_its_sentence(tokenizer):
     # labelled [CLS] (the null), later ones start inside sentence 2, the labelled windows give
     # sentences 1, 2, 3 distinct start counts, and the start and end counts differ.
     examples, feats = paragraph_features(tokenizer, ["Smith", "St. Louis", "1990", "Naval Academy", "son",
-                                                     "1990. He taught"], max_seq_len=24, doc_stride=8)
+                                                     "1990. He taught"], max_seq_len=24, stride=8)
     ctx_starts = [int(o[o[:, 0] >= 0][0, 0]) for o in feats.offsets]
     assert any(hand_sentence(c) > 1 for c in ctx_starts)  # the sentence is the context's, not the window's
     # sentencex agrees with the hand split at every token (a split at ". " would not: Dr., St., U.S.).
@@ -354,7 +354,7 @@ def test_sentences_past_the_cap_share_the_last_bucket(tokenizer):
     context = " ".join(f"Line {i} ends." for i in range(1, 41))
     answer = "Line 35"
     examples = [QAExample(id="q", question="Which?", context=context, answers=[Answer(answer, context.index(answer))])]
-    feats = build_qa_features(examples, tokenizer, max_seq_len=256, doc_stride=32, max_query_len=8, train=True,
+    feats = build_qa_features(examples, tokenizer, max_seq_len=256, stride=32, max_query_len=8, train=True,
                               version=1, unanswerable_windows="cls")
     assert len(feats) == 1 and sentence_index(context, context.index(answer)) == 35
     columns = sentence_columns(feats, examples)

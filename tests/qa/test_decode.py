@@ -74,7 +74,7 @@ def vectorised_decode(examples, feats, start, end, *, n_best, max_answer_len, ve
     (1, "right", 30, 20), (1, "left", 5, 7), (2, "right", 12, 10), (2, "left", 30, 3)])
 def test_vectorised_equals_reference_loop(tokenizer, dev_examples, version, padding_side, max_answer_len, n_best):
     examples = dev_examples[:25]
-    feats = build_qa_features(examples, tokenizer, max_seq_len=72, doc_stride=24, max_query_len=24)
+    feats = build_qa_features(examples, tokenizer, max_seq_len=72, stride=24, max_query_len=24)
     rng = np.random.default_rng(version * 10 + n_best)
     start = [rng.normal(size=len(x)).astype(np.float32) * 3 for x in feats.input_ids]
     end = [rng.normal(size=len(x)).astype(np.float32) * 3 for x in feats.input_ids]
@@ -100,7 +100,7 @@ def test_vectorised_equals_reference_loop(tokenizer, dev_examples, version, padd
 
 def test_null_threshold_moves_answers_to_null(tokenizer, dev_examples):
     examples = dev_examples[:25]
-    feats = build_qa_features(examples, tokenizer, max_seq_len=72, doc_stride=24, max_query_len=24)
+    feats = build_qa_features(examples, tokenizer, max_seq_len=72, stride=24, max_query_len=24)
     rng = np.random.default_rng(0)
     start = [rng.normal(size=len(x)).astype(np.float32) for x in feats.input_ids]
     end = [rng.normal(size=len(x)).astype(np.float32) for x in feats.input_ids]

@@ -30,7 +30,7 @@ def dyref(tokenizer, options=None, encoder=None, attn="eager", seed=0, null_answ
 
 @pytest.fixture(scope="module")
 def feats(tokenizer, dev_examples):
-    return build_qa_features(dev_examples[:8], tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24,
+    return build_qa_features(dev_examples[:8], tokenizer, max_seq_len=96, stride=32, max_query_len=24,
                              train=True, version=1)
 
 

@@ -188,7 +188,7 @@ def test_export_to_hugging_face_qa_model(trained, tmp_path):
     assert not info["missing_keys"] and not info["unexpected_keys"]
     ours, tok, _ = load_checkpoint(run / "best")
     examples = read_qa(DEMO_DEV).examples[:6]
-    feats = build_qa_features(examples, tok, max_seq_len=128, doc_stride=48, max_query_len=32)
+    feats = build_qa_features(examples, tok, max_seq_len=128, stride=48, max_query_len=32)
     batch = collate(feats, np.arange(len(feats)), pad_id=tok.pad_token_id)
     ctx = batch["span_mask"]
     with torch.no_grad():  # float64: the claim is equality, made sharp on any CPU

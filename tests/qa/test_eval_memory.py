@@ -17,7 +17,7 @@ from posbias.qa.readers import read_qa
 
 from helpers import DEMO_DEV, tiny_config, tiny_model
 
-WINDOWS = {"max_seq_len": 96, "doc_stride": 32, "max_query_len": 32}  # build_qa_features' keywords
+WINDOWS = {"max_seq_len": 96, "stride": 32, "max_query_len": 32}  # build_qa_features' keywords
 DATA = {"max_seq_len": 96, "stride": 32, "max_query_len": 32}  # the same windows as data config keys
 
 

@@ -35,7 +35,7 @@ def head_model(tokenizer, head, options=None, seed=0, null_answer=False):
 
 @pytest.fixture(scope="module")
 def feats(tokenizer, dev_examples):
-    return build_qa_features(dev_examples[:12], tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24,
+    return build_qa_features(dev_examples[:12], tokenizer, max_seq_len=96, stride=32, max_query_len=24,
                              train=True, version=1)
 
 
@@ -331,3 +331,28 @@ def test_head_trains_saves_reloads_and_evaluates_the_same(tmp_path, name):
     for qid in preds:
         assert [c["text"] for c in nb1[qid]] == [c["text"] for c in nb2[qid]]
         np.testing.assert_allclose([c["score"] for c in nb1[qid]], [c["score"] for c in nb2[qid]], rtol=1e-5)
+
+
+@pytest.mark.parametrize("null_answer", [False, True])
+def test_every_registered_head_follows_the_span_head_protocol(null_answer):
+    """Each built-in head has the protocol's members (`SpanHead`), and the optional methods it has
+    take the protocol's arguments."""
+    import inspect
+
+    from posbias.qa.heads import OPTIONAL_METHODS, SpanHead
+    from posbias.qa.model import make_head
+    from posbias.registry import HEADS
+
+    arguments = {"top_spans": ["scores", "start_ok", "end_ok", "max_answer_len", "k"],
+                 "encode": ["encoder", "inputs", "batch"], "encoder_position_ids": ["inputs", "batch"]}
+    assert set(arguments) == set(OPTIONAL_METHODS)
+    seen = set()
+    for name in HEADS.names():
+        head = make_head(name, 32, null_answer, {}, embedding_size=32)
+        assert isinstance(head, SpanHead), name
+        assert head.null_answer is null_answer, name
+        for method in OPTIONAL_METHODS:
+            if hasattr(head, method):
+                seen.add(method)
+                assert list(inspect.signature(getattr(head, method)).parameters) == arguments[method], (name, method)
+    assert seen == set(OPTIONAL_METHODS)  # each optional method is used by some built-in head

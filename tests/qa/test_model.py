@@ -15,7 +15,7 @@ from helpers import relative_error, tiny_model
 
 @pytest.fixture(scope="module")
 def feats(tokenizer, dev_examples):
-    return build_qa_features(dev_examples[:12], tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24,
+    return build_qa_features(dev_examples[:12], tokenizer, max_seq_len=96, stride=32, max_query_len=24,
                              train=True, version=1)
 
 

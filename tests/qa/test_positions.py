@@ -19,8 +19,8 @@ from helpers import DEMO_DEV, tiny_config, tiny_model
 
 def test_gold_mention_positions_point_at_the_answers(tokenizer, dev_examples):
     examples = dev_examples[:40]
-    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24)
-    feats = build_qa_features(examples, tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24)
+    mentions = gold_mention_positions(examples, tokenizer, max_seq_len=96, stride=32, max_query_len=24)
+    feats = build_qa_features(examples, tokenizer, max_seq_len=96, stride=32, max_query_len=24)
     first_window = {}
     for w, e in enumerate(feats.example_index):
         first_window.setdefault(int(e), w)
@@ -54,12 +54,12 @@ def _stride_example(qid: str, n: int) -> QAExample:
 
 def test_s_x_counts_a_mention_in_the_front_of_any_window(tokenizer, monkeypatch):
     """§6.1: S_X^(1) holds the instances "at least one of whose answers is located in the front X
-    tokens of the input sequence". With doc_stride a mention at the rear of its first window can sit in
+    tokens of the input sequence". With stride a mention at the rear of its first window can sit in
     the front of the next one, where the model can find it: that question is in S_X^(1)."""
     from posbias.qa import positions
 
     ex = [_stride_example("repeated", 5), _stride_example("rear", 6)]
-    win = dict(max_seq_len=48, doc_stride=16, max_query_len=8)
+    win = dict(max_seq_len=48, stride=16, max_query_len=8)
     first = gold_mention_positions(ex, tokenizer, **win)
     every = gold_mention_positions(ex, tokenizer, windows="every", **win)
     # 'repeated': position 45 in its first window, 19 in the next; 'rear': one window, position 27.
@@ -94,7 +94,7 @@ def test_improvement_categories_by_hand():
 def test_update_counter_matches_real_gradients(tokenizer, dev_examples):
     """Counted positions are exactly the rows of the position table that receive a gradient."""
     model = tiny_model(tokenizer)
-    feats = build_qa_features(dev_examples[:6], tokenizer, max_seq_len=128, doc_stride=48, train=True)
+    feats = build_qa_features(dev_examples[:6], tokenizer, max_seq_len=128, stride=48, train=True)
     counter = PositionUpdateCounter(512)
     for idx in (np.array([0, 1]), np.array([2, 3, 4])):
         model.zero_grad()
@@ -138,7 +138,7 @@ def test_diagnose_writes_position_analyses(tmp_path, tokenizer, dev_examples):
     s80 = {r["segment"]: r["questions"] for r in res["tables"]["first_x_tokens(x=80)"]}
     assert s80.get("S80(1)", 0) >= s40.get("S40(1)", 0)  # a larger X puts more questions in S(1)
     # S_X as §6.1 (a mention in the front X tokens of any window), like the experiment segmenter.
-    every = gold_mention_positions(dev_examples[:60], tokenizer, max_seq_len=128, doc_stride=48, windows="every")
+    every = gold_mention_positions(dev_examples[:60], tokenizer, max_seq_len=128, stride=48, windows="every")
     labels = list(first_x_labels(every, 40).values())
     assert s40 == {s: labels.count(s) for s in set(labels)}
     for f in ("diagnosis.md", "diagnosis.html", "diagnosis.json", "f1_by_position.png", "position_updates.png",

@@ -33,7 +33,7 @@ def qa_model(tokenizer, head, options=None, seed=0, null_answer=False, **model):
 
 @pytest.fixture(scope="module")
 def feats(tokenizer, dev_examples):
-    return build_qa_features(dev_examples[:8], tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24,
+    return build_qa_features(dev_examples[:8], tokenizer, max_seq_len=96, stride=32, max_query_len=24,
                              train=True, version=1)
 
 
@@ -171,7 +171,7 @@ def test_decoding_with_all_proposes_context_spans_and_scores_null_at_cls(tokeniz
     """Question tokens and [CLS] have real logits under `all`; decoding still proposes only context
     spans, and the v2 null score is the [CLS] span's."""
     model = qa_model(tokenizer, head, options, seed=7, null_answer=True)
-    feats = build_qa_features(dev_examples[:8], tokenizer, max_seq_len=96, doc_stride=32, max_query_len=24,
+    feats = build_qa_features(dev_examples[:8], tokenizer, max_seq_len=96, stride=32, max_query_len=24,
                               train=False, version=2)
     batch = collate(feats, np.arange(4), pad_id=0)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Span heads. A head is any nn.Module with this protocol (no base class):
+"""Span heads. A head is any nn.Module with this protocol (`SpanHead`; no base class):
 
     forward(hidden (b, s, d), batch, targets=None) -> dict of score tensors, plus "loss" when
         `targets` (start_positions, end_positions) are given;
@@ -24,4 +24,29 @@ registered with `debias=True` (`HEADS.register(name, debias=True)`) can take `tr
 scores are `start_logits` and `end_logits` over one candidate mask (`softmax_mask` of its
 `softmax_over`, default context, and `null_answer`), which `posbias.qa.debias` re-weights.
 """
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
 from . import dynamic_query, independent, matrix, pointer  # noqa: F401
+
+
+@runtime_checkable
+class SpanHead(Protocol):
+    """What every head has (`isinstance(head, SpanHead)` checks it). `null_answer` says whether
+    `null_scores` is read. The optional methods below are looked up on the head where they are used
+    (`hasattr`), as torch looks up a module's optional hooks: a head that lacks them gets the
+    general behaviour (decode's masked top-k over `span_scores`; the model's own encoder call and
+    position ids)."""
+
+    null_answer: bool
+
+    def forward(self, hidden, batch: dict, targets: dict | None = None) -> dict: ...
+
+    def span_scores(self, scores: dict, max_answer_len: int): ...
+
+    def null_scores(self, scores: dict, cls_index): ...
+
+
+OPTIONAL_METHODS = ("top_spans", "encode", "encoder_position_ids")
+"""The protocol's optional methods (the docstring above says what each does)."""
