@@ -11,7 +11,10 @@ over its finished seeds:
 * share of the gap closed = (F1_arm − F1_floor) / (F1_ceiling − F1_floor), with a 95% percentile
   bootstrap over dev questions: one resample of questions for all three systems (paired), each
   system's F1 the mean over its seeds of its per-question F1 on the resampled questions. Resamples
-  whose ceiling does not beat the floor (no gap to close) are dropped and counted;
+  whose ceiling does not beat the floor (no gap to close) are dropped and counted. Beside it, what the
+  seeds support: the gap closed per seed number (arm, floor and ceiling runs of the same seed), its
+  mean and 95% t-interval over those seeds;
+* the Δ p-values Holm-adjusted over the table's tests (every arm's Δ F1 and Δ F1 2+);
 * PSI = 1 − min/max and drop = max − min of the bucket F1s (per run, then mean ± std over seeds);
 * training cost: median train_seconds and wall_seconds per run, and the ratio to first/baseline's;
 * loss flatness: final training loss = mean of the last 10 logged `loss` points; the relative change
@@ -44,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from posbias.analysis.bias import drop, psi  # noqa: E402
-from posbias.analysis.stats import mean_std, paired_ttest  # noqa: E402
+from posbias.analysis.stats import holm, mean_std, paired_ttest, t_interval  # noqa: E402
 from posbias.errors import ConfigError  # noqa: E402
 from posbias.experiment import _run_name, load_results  # noqa: E402
 from posbias.qa.answer_sentence import answer_sentence_labels  # noqa: E402
@@ -76,6 +79,18 @@ def gap_closed(arm, floor, ceiling):
     gap = ceiling - floor
     out = np.divide(arm - floor, gap, out=np.full(np.broadcast(arm, gap).shape, np.nan), where=gap > 0)
     return float(out) if out.ndim == 0 else out
+
+
+def gap_over_seeds(arm: dict[int, float], floor: dict[int, float], ceiling: dict[int, float],
+                   level: float = LEVEL) -> dict:
+    """The gap closed per seed (arm, floor and ceiling F1 of the same seed number), and its mean and
+    t-interval over those seeds: {"n", "values" (seed -> share), "mean", "ci_low", "ci_high"}. Seeds
+    without a gap (ceiling <= floor) are left out."""
+    seeds = sorted(set(arm) & set(floor) & set(ceiling))
+    values = {s: gap_closed(arm[s], floor[s], ceiling[s]) for s in seeds}
+    values = {s: v for s, v in values.items() if not math.isnan(v)}
+    x = list(values.values())
+    return {"n": len(x), "values": values, "mean": float(np.mean(x)) if x else math.nan, **t_interval(x, level)}
 
 
 def gap_bootstrap(arm: np.ndarray, floor: np.ndarray, ceiling: np.ndarray, *, samples: int, seed: int,
@@ -292,6 +307,9 @@ def build_report(store, dev: str | None = None, *, samples: int = 2000, seed: in
             for key, mask in (("gap", slice(None)), ("gap_later", later_idx)):
                 row[key] = gap_bootstrap(vectors[arm][mask], vectors[FLOOR][mask], vectors[CEILING][mask],
                                          samples=samples, seed=seed)
+        if has_floor and has_ceiling:
+            for key, f1 in (("gap_seeds", "f1"), ("gap_later_seeds", "f1_later")):
+                row[key] = gap_over_seeds(seeds_of(arm, f1), seeds_of(FLOOR, f1), seeds_of(CEILING, f1))
         row["train_seconds"], row["wall_seconds"] = cost(arm, "train_seconds"), cost(arm, "wall_seconds")
         if has_floor:
             for key in ("train_seconds", "wall_seconds"):
@@ -313,6 +331,9 @@ def build_report(store, dev: str | None = None, *, samples: int = 2000, seed: in
         row["id_update_runs"] = len(ranges)
         rows.append(row)
 
+    tests = [r[f"delta_{key}"] for r in rows for key in ("f1", "f1_later") if f"delta_{key}" in r]
+    for t, adjusted in zip(tests, holm([t["p"] for t in tests])):
+        t["p_holm"], t["family"] = adjusted, sum(x["p"] == x["p"] for x in tests)  # x == x: not NaN
     counts = {b: sum(labels[q] == b for q in common) for b in BUCKETS}
     meta = {"store": str(store), "dev": dev, "eval_set": eval_set, "questions": len(common),
             "later_questions": len(later), "bucket_questions": counts,
@@ -343,7 +364,8 @@ def _delta(row, key) -> str:
     if t is None:
         return "–"
     pairs = f", {t['n']} pairs" if t["n"] != row["runs"] else ""
-    return f"{t['diff']:+.1f} (p {_p(t['p'])}{pairs})"
+    holm_p = f", Holm {_p(t['p_holm'])}" if t.get("family", 1) > 1 and "p_holm" in t else ""
+    return f"{t['diff']:+.1f} (p {_p(t['p'])}{holm_p}{pairs})"
 
 
 def _gap(row, key) -> str:
@@ -355,6 +377,18 @@ def _gap(row, key) -> str:
     if g is None or math.isnan(g["value"]):
         return "–"
     return f"{g['value']:.2f} [{_f(g['ci_low'], 2)}, {_f(g['ci_high'], 2)}]"
+
+
+def _gap_seeds(row, key) -> str:
+    """The gap closed over seeds: mean [95% t-interval] (seeds), where the seeds support a number."""
+    if row["arm"] in (CEILING, FLOOR):
+        return "–"
+    g = row.get(key)
+    if g is None or not g["n"]:
+        return "–"
+    if g["n"] < 2:
+        return f"{g['mean']:.2f} (1 seed)"
+    return f"{g['mean']:.2f} [{_f(g['ci_low'], 2)}, {_f(g['ci_high'], 2)}] ({g['n']} seeds)"
 
 
 def _cost(row, key) -> str:
@@ -399,7 +433,8 @@ def render_markdown(report: dict) -> str:
         if meta["delta"]:
             head += ["Δ F1", "Δ F1 2+"]
         if meta["gap"]:
-            head += ["gap closed", "gap closed 2+"]
+            head += ["gap closed [95% CI, questions]", "gap closed 2+", "gap closed [95% CI t, seeds]",
+                     "gap closed 2+ (seeds)"]
         head += ["PSI", "drop", "train s", "wall s", "final loss", "loss change"]
         body = []
         for r in rows:
@@ -409,7 +444,8 @@ def render_markdown(report: dict) -> str:
             if meta["delta"]:
                 cells += [_delta(r, "f1"), _delta(r, "f1_later")]
             if meta["gap"]:
-                cells += [_gap(r, "gap"), _gap(r, "gap_later")]
+                cells += [_gap(r, "gap"), _gap(r, "gap_later"), _gap_seeds(r, "gap_seeds"),
+                          _gap_seeds(r, "gap_later_seeds")]
             cells += [_ms(r["psi"], r["psi_std"], k, 2), _ms(r["drop"], r["drop_std"], k),
                       _cost(r, "train_seconds"), _cost(r, "wall_seconds"),
                       _ms(r["final_loss"], r["final_loss_std"], k, 3), _loss(r)]

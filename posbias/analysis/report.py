@@ -37,9 +37,12 @@ def _p(x) -> str:
 
 
 def significant(row: dict) -> bool:
-    """Both tests agree at p < 0.05 (the t-test over seeds and, when available, the bootstrap over
-    questions); only then is a difference bold."""
-    t = row.get("ttest", {}).get("p")
+    """Both tests agree at p < 0.05: the t-test over seeds, Holm-adjusted over the table's comparisons
+    where the row has that (`aggregation.adjust_family`), and, when available, the bootstrap over
+    examples; only then is a difference bold. The seed-level test decides: a bootstrap over questions
+    alone says nothing about another seed."""
+    test = row.get("ttest", {})
+    t = test.get("p_holm", test.get("p"))
     b = row.get("bootstrap", {}).get("p")
     if t is None or math.isnan(t) or t >= SIGNIFICANCE:
         return False
@@ -56,6 +59,24 @@ def _boot(row) -> str:
     return f"{_p(b['p'])} [{fmt(b['ci_low'])}, {fmt(b['ci_high'])}]" if b else ""
 
 
+def _seed_ci(row) -> str:
+    """The t-interval over seeds of a Δ, "–" where fewer than two seeds pair."""
+    t = row.get("ttest")
+    if not t or t.get("ci_low") is None or t["ci_low"] != t["ci_low"]:
+        return "–" if t else ""
+    return f"[{fmt(t['ci_low'])}, {fmt(t['ci_high'])}]"
+
+
+def _t_p(row) -> str:
+    """The seed-level p-value, and its Holm adjustment over the table when there is more than one test."""
+    t = row.get("ttest")
+    if not t:
+        return ""
+    if t.get("family", 1) > 1 and "p_holm" in t:
+        return f"{_p(t['p'])} (Holm {_p(t['p_holm'])})"
+    return _p(t["p"])
+
+
 def _pairs_note(row) -> str:
     """' (3 paired seeds)' when the Δ covers fewer seeds than a mean beside it (the method and the
     baseline were run on different seeds), else ''."""
@@ -66,8 +87,8 @@ def _pairs_note(row) -> str:
 
 
 def comparison_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    head = ["data", "eval set", "metric", "method", "mean ± std", "Δ vs baseline", "t-test p (seeds)",
-            "bootstrap p [95% CI] (examples)", "runs", "wall min"]
+    head = ["data", "eval set", "metric", "method", "mean ± std", "Δ vs baseline", "95% CI (t, seeds)",
+            "t-test p (seeds)", "bootstrap p [95% CI] (examples)", "runs", "wall min"]
     body = []
     for r in rows:
         delta = ""
@@ -76,14 +97,14 @@ def comparison_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             d = ("+" if r["ttest"]["diff"] > 0 else "") + d
             delta = (f"**{d}**" if significant(r) else d) + _pairs_note(r)
         body.append([_scope(r), r["eval_set"], r["metric"], r["method"], _mean_sd(r["mean"], r["std"], r["n_runs"]),
-                     delta, _p(r["ttest"]["p"]) if "ttest" in r else "", _boot(r), str(r["n_runs"]),
+                     delta, _seed_ci(r), _t_p(r), _boot(r), str(r["n_runs"]),
                      f"{r['wall_seconds'] / 60:.1f}"])
     return head, body
 
 
 def segment_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     head = ["data", "eval set", "segmenter", "segment", "questions", "method", "F1 mean ± std", "EM mean ± std",
-            "Δ F1", "t-test p (seeds)", "bootstrap p [95% CI] (questions)"]
+            "Δ F1", "95% CI (t, seeds)", "t-test p (seeds)", "bootstrap p [95% CI] (questions)"]
     body = []
     for r in rows:
         delta = ""
@@ -92,7 +113,7 @@ def segment_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             delta = (f"**{d}**" if significant(r) else d) + _pairs_note(r)
         body.append([_scope(r), r["eval_set"], r["segmenter"], r["segment"], str(r["n_questions"]), r["method"],
                      _mean_sd(r["f1_mean"], r["f1_std"], r["n_runs"]), _mean_sd(r["em_mean"], r["em_std"], r["n_runs"]),
-                     delta, _p(r["ttest"]["p"]) if "ttest" in r else "", _boot(r)])
+                     delta, _seed_ci(r), _t_p(r), _boot(r)])
     return head, body
 
 

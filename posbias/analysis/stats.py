@@ -16,17 +16,19 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else math.nan
 
 
-def paired_ttest(method: Mapping[int, float], baseline: Mapping[int, float]) -> dict:
+def paired_ttest(method: Mapping[int, float], baseline: Mapping[int, float], *, level: float = 0.95) -> dict:
     """Paired t-test over the seeds both have: t = mean(d) / (sd(d) / sqrt(n)), n - 1 d.o.f.
 
-    Returns {"n", "diff" (mean of method - baseline), "t", "p"} (two-sided); t and p are NaN with
-    fewer than 2 pairs, and p is 0/1 when every difference is identical (sd 0).
+    Returns {"n", "diff" (mean of method - baseline), "t", "p", "ci_low", "ci_high"}: the two-sided
+    p-value and the `level` t-interval of the mean difference over seeds (what the seeds support:
+    with 3 seeds, t(0.975, 2) = 4.30 standard errors either side). t, p and the interval are NaN
+    with fewer than 2 pairs; with every difference identical (sd 0) p is 0/1 and the interval is
+    that difference.
     """
-    from scipy import stats
-
     seeds = sorted(set(method) & set(baseline))
     d = np.array([method[s] - baseline[s] for s in seeds], dtype=np.float64)
-    out = {"n": len(seeds), "diff": float(d.mean()) if len(d) else math.nan, "t": math.nan, "p": math.nan}
+    out = {"n": len(seeds), "diff": float(d.mean()) if len(d) else math.nan, "t": math.nan, "p": math.nan,
+           **t_interval(d, level)}
     if len(d) < 2:
         return out
     sd = d.std(ddof=1)
@@ -34,9 +36,39 @@ def paired_ttest(method: Mapping[int, float], baseline: Mapping[int, float]) -> 
         out["t"] = math.copysign(math.inf, d.mean()) if d.mean() else 0.0
         out["p"] = 0.0 if d.mean() else 1.0
         return out
+    from scipy import stats
+
     t = d.mean() / (sd / math.sqrt(len(d)))
     out["t"], out["p"] = float(t), float(2 * stats.t.sf(abs(t), len(d) - 1))
     return out
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> dict:
+    """{"ci_low", "ci_high"}: the `level` Student-t interval of the mean of `values` (one per seed),
+    mean ± t(1 − (1 − level) / 2, n − 1) · sd / sqrt(n); NaN with fewer than 2 values."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) < 2:
+        return {"ci_low": math.nan, "ci_high": math.nan}
+    from scipy import stats
+
+    half = float(stats.t.ppf(1 - (1 - level) / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return {"ci_low": float(x.mean()) - half, "ci_high": float(x.mean()) + half}
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (Holm 1979): sorted ascending, the i-th
+    smallest (0-based) of m becomes max over j <= i of min(1, (m − j) · p_(j)). Rejecting where the
+    adjusted value is below α controls the family-wise error rate at α. NaN p-values (a comparison
+    without a test) stay NaN and do not count in m."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(len(p), np.nan)
+    idx = np.flatnonzero(~np.isnan(p))
+    m = len(idx)
+    running = 0.0
+    for rank, i in enumerate(idx[np.argsort(p[idx], kind="stable")]):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return [float(x) for x in out]
 
 
 def paired_bootstrap(method: np.ndarray, baseline: np.ndarray, *, samples: int = 10_000,

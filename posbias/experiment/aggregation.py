@@ -1,6 +1,7 @@
 """An experiment's store read back (`load_results`) and aggregated for its report: per dataset x
 train size x eval set x method, each metric's mean ± std over seeds and its difference to the
-baseline (paired t-test over seeds, paired bootstrap over examples), and the same per segment.
+baseline (paired t-test over seeds with its t-interval and Holm-adjusted p-value, paired bootstrap
+over examples), and the same per segment.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.stats import mean_std, paired_bootstrap, paired_bootstrap_ratio, paired_ttest
+from ..analysis.stats import holm, mean_std, paired_bootstrap, paired_bootstrap_ratio, paired_ttest
 from .. import compat
 from ..config import build_config, load_yaml
 from ..errors import ConfigError
@@ -130,6 +131,16 @@ def aggregate(results: dict, bootstrap_samples: int = 10_000) -> list[dict]:
                         bb = np.sum([[x[q] for q in qids] for x in bq], axis=0)
                         row["bootstrap"] = paired_bootstrap_ratio(mm, bb, samples=bootstrap_samples)
                 rows.append(row)
+    return adjust_family(rows)
+
+
+def adjust_family(rows: list[dict]) -> list[dict]:
+    """Holm-adjusted t-test p-values (`p_holm`) over every comparison of one table (all its data sets,
+    eval sets, metrics and methods): a report that tests ~20 differences at 0.05 finds one by chance
+    alone. The rows are returned, each comparison's `ttest` given `p_holm` and `family` (its size)."""
+    tests = [r["ttest"] for r in rows if "ttest" in r]
+    for t, adjusted in zip(tests, holm([t["p"] for t in tests])):
+        t["p_holm"], t["family"] = adjusted, sum(x["p"] == x["p"] for x in tests)  # x == x: not NaN
     return rows
 
 
@@ -222,7 +233,7 @@ def aggregate_segments(results: dict, bootstrap_samples: int = 10_000) -> list[d
                 if boot is not None:
                     row["bootstrap"] = boot
             rows.append(row)
-    return rows
+    return adjust_family(rows)
 
 
 def _segment_bootstrap(key, method, by_method, base, labels, per_q, samples):

@@ -227,3 +227,23 @@ def test_without_references_prints_f1_and_says_why(tmp_path, capsys):
 def test_missing_store_is_an_error(tmp_path, capsys):
     assert fsr.main(["--store", str(tmp_path)]) == 2
     assert "holds no experiment.sqlite" in capsys.readouterr().err
+
+
+def test_gap_closed_over_seeds_by_hand(tmp_path):
+    """Per seed: the arm, floor and ceiling runs of one seed number give one share; mean and t-interval
+    over seeds. The stress benchmark's bias product (0.676, 0.705, 0.771 by seed) spans about [0.60, 0.84]."""
+    g = fsr.gap_over_seeds({1: 67.6, 2: 70.5, 3: 77.1, 4: 50.0}, {1: 0.0, 2: 0.0, 3: 0.0}, {1: 100.0, 2: 100.0, 3: 100.0})
+    assert g["n"] == 3 and g["values"] == pytest.approx({1: 0.676, 2: 0.705, 3: 0.771})
+    assert (round(g["ci_low"], 2), round(g["ci_high"], 2)) == (0.60, 0.84)
+    assert fsr.gap_over_seeds({1: 5.0}, {1: 3.0}, {1: 3.0})["n"] == 0  # no gap on that seed
+
+    report = fsr.build_report(_store(tmp_path), samples=200, seed=0)
+    half = _rows(report)["first/halfway"]
+    # halfway per seed: overall F1 (200/3, 250/3, 50) against floor 100/3 and ceiling 100 -> 0.5, 0.75, 0.25
+    assert half["gap_seeds"]["values"] == pytest.approx({1: 0.5, 2: 0.75, 3: 0.25})
+    assert half["gap_seeds"]["mean"] == pytest.approx(0.5)
+    assert half["gap_seeds"]["ci_high"] - 0.5 == pytest.approx(4.302653 * 0.25 / np.sqrt(3), abs=1e-5)
+    deltas = [r[f"delta_{k}"] for r in report["rows"] for k in ("f1", "f1_later") if f"delta_{k}" in r]
+    assert deltas and all(d["family"] == len(deltas) and d["p_holm"] >= d["p"] for d in deltas)
+    text = fsr.render_markdown(report)
+    assert "Holm" in text and "0.50 [" in text and "(3 seeds)" in text

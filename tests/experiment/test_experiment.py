@@ -576,3 +576,53 @@ def test_delta_over_fewer_seeds_than_the_means_is_marked():
                                 dict(row, n_runs=5, baseline_n_runs=5, ttest=dict(row["ttest"], n=5))])
     assert body[0][5] == "-1.41 (3 paired seeds)"
     assert body[1][5] == "-1.41" and body[2][5] == "-1.41"
+
+
+def test_seed_t_interval_by_hand():
+    """The t-interval over seeds of a Δ: d = (1, 2, 3), mean 2, sd 1, t(0.975, 2) = 4.3027 -> 2 ± 2.4841.
+    The first-sentence stress test's per-seed gap closed (0.676, 0.705, 0.771) gives about [0.60, 0.84]."""
+    from posbias.analysis.stats import t_interval
+
+    t = paired_ttest({1: 11.0, 2: 22.0, 3: 33.0}, {1: 10.0, 2: 20.0, 3: 30.0})
+    assert t["ci_low"] == pytest.approx(2 - 4.302653 / math.sqrt(3), abs=1e-5)
+    assert t["ci_high"] == pytest.approx(2 + 4.302653 / math.sqrt(3), abs=1e-5)
+    ci = t_interval([0.676, 0.705, 0.771])
+    assert (round(ci["ci_low"], 2), round(ci["ci_high"], 2)) == (0.60, 0.84)
+    assert math.isnan(paired_ttest({1: 1.0}, {1: 0.0})["ci_low"])  # one pair: no interval
+    same = paired_ttest({1: 2.0, 2: 3.0}, {1: 1.0, 2: 2.0})  # every difference 1: the interval is 1
+    assert (same["ci_low"], same["ci_high"]) == (1.0, 1.0)
+
+
+def test_holm_by_hand():
+    """Holm (1979): sorted p (0.005, 0.01, 0.03, 0.04) of m = 4 -> 4·0.005, 3·0.01, 2·0.03, then the
+    running maximum (1·0.04 < 0.06); NaN stays NaN and is not counted in m."""
+    from posbias.analysis.stats import holm
+
+    got = holm([0.01, 0.04, 0.03, float("nan"), 0.005])
+    assert got[:3] == pytest.approx([0.03, 0.06, 0.06]) and got[4] == pytest.approx(0.02) and math.isnan(got[3])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([0.036]) == pytest.approx([0.036])  # one test: nothing to correct
+
+
+def test_a_delta_is_bold_only_when_it_survives_holm():
+    """Two seed-level tests at p 0.036 and 0.018 among 20 comparisons (the issue's two "significant
+    reproductions"): neither survives Holm, so neither is bold; the table shows both p-values and the
+    t-interval over seeds."""
+    from posbias.analysis.report import comparison_table
+    from posbias.experiment.aggregation import adjust_family
+
+    def row(method, p, diff=1.1):
+        return {"dataset": None, "train_size": None, "eval_set": "val", "metric": "F1", "method": method,
+                "mean": 40.0, "std": 1.0, "n_runs": 3, "wall_seconds": 60.0, "baseline_n_runs": 3,
+                "ttest": {"n": 3, "diff": diff, "t": 3.0, "p": p, "ci_low": 0.2, "ci_high": 2.0},
+                "bootstrap": {"p": 0.001, "ci_low": 0.5, "ci_high": 1.5}}
+
+    rows = adjust_family([row("cp", 0.036), row("map_e", 0.018)] + [row(f"m{i}", 0.5) for i in range(18)])
+    head, body = comparison_table(rows)
+    assert rows[0]["ttest"]["family"] == 20 and rows[1]["ttest"]["p_holm"] == pytest.approx(0.36)
+    assert body[0][5] == "+1.10" and body[1][5] == "+1.10"  # not bold
+    assert body[1][head.index("t-test p (seeds)")] == "0.018 (Holm 0.360)"
+    assert body[0][head.index("95% CI (t, seeds)")] == "[0.20, 2.00]"
+    alone = adjust_family([row("cp", 0.036)])  # one comparison: the p-value is its own family
+    assert comparison_table(alone)[1][0][5] == "**+1.10**"
+    assert comparison_table(alone)[1][0][head.index("t-test p (seeds)")] == "0.036"
