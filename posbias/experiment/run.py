@@ -233,7 +233,7 @@ def collect_experiment(spec, output_dir=None, *, only: list[str] | None = None) 
                 if status == "finished" and old_hash == run.config_hash:
                     result["finished"].append(run.name)
                 elif (old_hash not in (None, run.config_hash)
-                      or (info is not None and info.get("config_hash") != run.config_hash)):
+                      or (info is not None and info.get("config_hash") not in (None, run.config_hash))):
                     result["unfinished"].append({"name": run.name, "status": "changed", "holder": None})
                 elif info is not None and info.get("status") == "finished":
                     print(f"collecting {run.name}", file=sys.stderr, flush=True)

@@ -136,6 +136,7 @@ def test_collect_names_a_folder_without_a_spec(tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1 and "holds no experiment.yaml" in err
 
 
+@pytest.mark.slow  # a process per job, each importing torch: ~20 s on 2 shared cores
 def test_submitit_jobs_run_the_grid_and_the_store_records_them(tmp_path, monkeypatch):
     """`--launcher submitit` through submitit's local executor: one job per run, each trained under
     its lock; the submitting process records them, and a second `experiment run` skips them all."""
@@ -191,6 +192,7 @@ def test_gpus_with_one_named_gpu_is_refused(tmp_path):
         posbias.experiment_run(tiny_spec(tmp_path), gpus="0,1", device="cuda:1")
 
 
+@pytest.mark.slow  # a process per lane, each importing torch: ~20 s on 2 shared cores
 def test_gpu_lanes_split_the_grid_each_seeing_its_own_gpu(tmp_path, monkeypatch, capsys):
     """`--gpus 0,1`: two lane processes, CUDA_VISIBLE_DEVICES 0 and 1, on one store; each run trained
     once, by one lane (here on the CPU: `--device cpu` goes to the lanes)."""
