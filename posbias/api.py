@@ -193,11 +193,46 @@ def demo(output_dir: str | None = None, overrides=None, progress: bool = True) -
     return train(cfg, overwrite=True, progress=progress)
 
 
-def experiment_run(spec, output_dir=None, **kw) -> dict:
-    """Run (or resume) an experiment grid; see `posbias.experiment.run.run_experiment`."""
-    from .experiment import run_experiment  # the experiment layer sits above the tasks: loaded on first use
+def experiment_run(spec, output_dir=None, *, gpus=None, launcher: str = "local", launcher_options=None, **kw) -> dict:
+    """Run (or resume) an experiment grid; see `posbias.experiment.run.run_experiment`.
 
-    return run_experiment(experiment_spec_path(spec), output_dir, **kw)
+    `gpus` (e.g. "0,1,2,3"): one lane per GPU on one store (`posbias.experiment.cluster.run_lanes`).
+    `launcher="submitit"`: one cluster job per unfinished run (`posbias.experiment.cluster.submit_runs`;
+    `launcher_options`: submitit's parameters, e.g. {"slurm_partition": "gpu", "timeout_min": 240}).
+    """
+    from .experiment import run_experiment, run_lanes, submit_runs  # the experiment layer: loaded on first use
+
+    spec = experiment_spec_path(spec)
+    if launcher_options and launcher != "submitit":
+        raise ConfigError("--submitit options are for --launcher submitit")
+    if gpus is not None or launcher == "submitit":
+        if kw.pop("dry_run", False):
+            raise ConfigError(f"--dry-run prints the runs' own commands; leave out "
+                              f"{'--gpus' if gpus is not None else '--launcher submitit'}")
+        if gpus is not None and launcher != "local":
+            raise ConfigError(f"--gpus runs its lanes locally; it does not combine with --launcher {launcher}")
+        if kw.pop("accelerate_args", ""):
+            raise ConfigError("--accelerate-args is for --launcher accelerate")
+        if gpus is not None:
+            return run_lanes(spec, output_dir, gpus=gpus, **kw)
+        kw.pop("progress", None)  # a job's output goes to its log
+        return submit_runs(spec, output_dir, options=launcher_options, **kw)
+    return run_experiment(spec, output_dir, launcher=launcher, **kw)
+
+
+def experiment_collect(spec, output_dir=None, only: list[str] | None = None) -> dict:
+    """Record the runs whose training finished (cluster jobs) into the store and list the others;
+    never trains. `spec`: a spec (path, bundled name or mapping) or an experiment folder (its
+    experiment.yaml); see `posbias.experiment.run.collect_experiment`."""
+    from .experiment import collect_experiment  # the experiment layer: loaded on first use
+
+    if not isinstance(spec, dict) and Path(spec).is_dir():
+        folder = Path(spec)
+        if not (folder / "experiment.yaml").is_file():
+            raise ConfigError(f"experiment collect: {folder} holds no experiment.yaml (written by `experiment run`, "
+                              "also with --dry-run); give the spec instead")
+        return collect_experiment(folder / "experiment.yaml", output_dir or folder, only=only)
+    return collect_experiment(experiment_spec_path(spec), output_dir, only=only)
 
 
 def experiment_copy(src_dir, dest_dir, force: bool = False) -> dict:

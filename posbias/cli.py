@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import PosbiasError, known_failure
+from .errors import ConfigError, PosbiasError, known_failure
 from .records import unicode_problem
 from .utils import json_text
 
@@ -70,6 +70,20 @@ bootstrap_samples = _integer(0, 10**6, name="bootstrap_samples")
 seed_int = _integer(0, 2**32 - 1, name="seed")  # NumPy's and Python's seeding range
 unit_float = _number(0.0, 1.0, name="unit_float")
 points = _number(0.0, 100.0, name="points")  # a score in points, 0..100
+# `experiment collect`'s exit code when some runs have not finished (0: all have; 2: an error).
+COLLECT_UNFINISHED = 3
+
+
+def _gpus(text: str) -> str:
+    """`--gpus 0,1,2,3`: GPU indices, distinct (`posbias.experiment.cluster.parse_gpus`'s rule)."""
+    parts = text.split(",")
+    if not all(p.strip().isdigit() for p in parts) or len({int(p) for p in parts}) != len(parts):
+        raise argparse.ArgumentTypeError(f"expected distinct GPU indices separated by commas (e.g. 0,1,2,3), "
+                                         f"got {text!r}")
+    return text
+
+
+_gpus.bad = ["", "a", "0,,1", "0,0", "-1", "1.5", "cuda:0"]
 
 
 class _Ordered(argparse.Action):
@@ -260,10 +274,25 @@ def build_parser() -> argparse.ArgumentParser:
     q = ex.add_parser("run", help="run (or resume) every run of an experiment spec")
     q.add_argument("spec", help="experiment YAML, or the name of a bundled spec (e.g. smoke)")
     q.add_argument("--output-dir", default=None, help="default: the spec's output_dir")
-    q.add_argument("--launcher", default="local", choices=["local", "accelerate"],
-                   help="local: in this process; accelerate: each run via `accelerate launch`")
+    q.add_argument("--launcher", default="local", choices=["local", "accelerate", "submitit"],
+                   help="local: in this process; accelerate: each run via `accelerate launch`; submitit: one "
+                        "cluster job per unfinished run (a Slurm job array; pip install 'posbias[cluster]'), "
+                        "waited for and recorded unless --no-wait (then: posbias experiment collect)")
     q.add_argument("--accelerate-args", default="", help="extra arguments for accelerate launch")
-    q.add_argument("--dry-run", action="store_true", help="print the expanded runs and their commands")
+    q.add_argument("--submitit", nargs="+", default=None, metavar="KEY=VALUE",
+                   help="submitit parameters for --launcher submitit, e.g. slurm_partition=gpu timeout_min=240 "
+                        "gpus_per_node=1 cpus_per_task=8 slurm_array_parallelism=16 (cluster=local: jobs on "
+                        "this machine)")
+    q.add_argument("--gpus", type=_gpus, default=None, metavar="0,1,...",
+                   help="one lane per GPU: an `experiment run` process per listed GPU, each seeing only its "
+                        "GPU (CUDA_VISIBLE_DEVICES) and training, scoring and recording the runs it takes")
+    q.add_argument("--dry-run", action="store_true",
+                   help="write each run's config and print one command per run (a cluster job: it takes "
+                        "the run's lock, trains and scores it; `experiment collect` records it)")
+    q.add_argument("--no-store", dest="record", action="store_false",
+                   help="train and score the runs in their folders (under their locks) without writing "
+                        "experiment.sqlite: for jobs on other nodes (SQLite is not shared over network file "
+                        "systems); `posbias experiment collect` records them")
     q.add_argument("--force", action="store_true", help="redo runs whose config changed")
     q.add_argument("--only", nargs="+", default=None, metavar="PATTERN",
                    help="run only these runs (shell patterns of run names, e.g. 'cp/*' rpp/seed2); "
@@ -273,6 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "for them, taking over any whose process dies); any number of `experiment run` "
                         "processes may share one folder")
     q.add_argument("--device", default=None, help=DEVICE_HELP)
+    q = ex.add_parser("collect", help="record the runs cluster jobs finished into the store and list the "
+                                      "unfinished ones; never trains. Exit 0: every run finished; "
+                                      f"{COLLECT_UNFINISHED}: some are not")
+    q.add_argument("spec", help="experiment YAML, bundled spec name, or experiment folder (its experiment.yaml)")
+    q.add_argument("--output-dir", default=None, help="default: the folder given, else the spec's output_dir")
+    q.add_argument("--only", nargs="+", default=None, metavar="PATTERN", help="only these runs (shell patterns)")
     q = ex.add_parser("copy", help="copy finished runs' results (no checkpoints) into another experiment folder")
     q.add_argument("src", help="experiment folder holding experiment.sqlite")
     q.add_argument("dest", help="folder to archive into, restore into, or join with (created if missing)")
@@ -384,10 +419,20 @@ def _explain(args, api) -> None:
     print(f"answer: {res['answer']!r}; wrote {res['plot']} and attention.json")
 
 
-def _experiment_run(args, api) -> None:
+def _experiment_run(args, api) -> int | None:
+    from .experiment.cluster import parse_options  # the experiment layer: loaded on use
+
+    extra = {"gpus": args.gpus} if args.gpus is not None else {}
+    if not args.record:
+        if args.gpus is not None or args.launcher == "submitit":
+            raise ConfigError("--no-store is the job's side: it does not combine with --gpus or --launcher submitit")
+        extra["record"] = False
     res = api.experiment_run(args.spec, args.output_dir, launcher=args.launcher,
                              accelerate_args=args.accelerate_args, dry_run=args.dry_run, force=args.force,
-                             only=args.only, wait=args.wait, device=args.device, progress=not args.quiet)
+                             only=args.only, wait=args.wait, device=args.device, progress=not args.quiet,
+                             launcher_options=parse_options(args.submitit), **extra)
+    if "submitted" in res:
+        return _print_submitted(res)
     if args.dry_run:
         for r in res["runs"]:
             print(f"{r['name']}\t{r['config_hash']}\t{r['command']}")
@@ -399,6 +444,30 @@ def _experiment_run(args, api) -> None:
     if res["left_to_others"]:
         print(f"left to other processes: {' '.join(res['left_to_others'])}")
     print(f"next: posbias experiment report {res['output_dir']}")
+
+
+def _print_submitted(res) -> int:
+    held = f"; {len(res['held'])} held by running processes (left to them)" if res["held"] else ""
+    print(f"experiment {res['experiment']}: submitted {len(res['submitted'])} job(s){held}; logs in {res['folder']}")
+    if "unfinished" not in res:
+        print(f"next, when the jobs are done: posbias experiment collect {res['output_dir']}")
+        return 0
+    for name, why in res["failed"].items():
+        print(f"failed\t{name}\t{why}")
+    return _print_collected(res)
+
+
+def _print_collected(res) -> int:
+    print(f"experiment {res['experiment']}: {len(res['finished']) + len(res['collected'])} run(s) finished "
+          f"({len(res['collected'])} recorded now), {len(res['unfinished'])} unfinished; "
+          f"results in {res['output_dir']}/experiment.sqlite")
+    for r in res["unfinished"]:
+        print(f"{r['name']}\t{r['status']}" + (f"\t{r['holder']}" if r["holder"] else ""))
+    return COLLECT_UNFINISHED if res["unfinished"] else 0
+
+
+def _experiment_collect(args, api) -> int:
+    return _print_collected(api.experiment_collect(args.spec, args.output_dir, only=args.only))
 
 
 def _experiment_copy(args, api) -> None:
@@ -449,7 +518,7 @@ HANDLERS = {
     ("train", None): _train, ("evaluate", None): _evaluate, ("predict", None): _predict,
     ("diagnose", None): _diagnose, ("score", None): _score, ("export", None): _export,
     ("explain", "attention"): _explain, ("experiment", "run"): _experiment_run,
-    ("experiment", "copy"): _experiment_copy, ("experiment", "report"): _experiment_report,
+    ("experiment", "collect"): _experiment_collect, ("experiment", "copy"): _experiment_copy, ("experiment", "report"): _experiment_report,
     ("data", "build"): _data_build, ("data", "stats"): _data_stats, ("demo", None): _demo,
 }
 
@@ -457,8 +526,7 @@ HANDLERS = {
 def run(args) -> int:
     from . import api  # the front calls down on use only (handlers get `api` as an argument)
 
-    HANDLERS[args.command, getattr(args, "action", None)](args, api)
-    return 0
+    return HANDLERS[args.command, getattr(args, "action", None)](args, api) or 0  # a handler may return an exit code
 
 
 def _in_flags(message: str, args) -> str:

@@ -12,13 +12,36 @@ from ..registry import SEGMENTERS
 from .spec import Experiment, Run
 
 
+def score_run(exp: Experiment, run: Run) -> None:
+    """Score a trained run's best checkpoint on each of the experiment's `eval_sets` (whole:
+    data.max_eval_examples caps only the validation set) and `position_eval`, into its folder
+    (`evals/<name>`, `position_eval/<name>`); those already scored are left as they are. Called by
+    the process that trained the run (a lane, a cluster job), so that scoring runs on its device."""
+    from ..tasks import get_task  # loads the task packages, and torch: on first use
+
+    task = get_task(run.config.task)
+    out = run.output_dir
+    for name, path in exp.eval_sets.items():
+        target = out / "evals" / name
+        if not (target / "metrics.json").is_file():
+            task.evaluate_checkpoint(out / "best", path, target, progress=False,
+                                     overrides=["data.max_eval_examples=null", f"train.device={run.config.train.device}"])
+    for name, options in exp.position_eval.items():
+        target = out / "position_eval" / name
+        if not (target / "diagnosis.json").is_file():
+            task.position_eval_checkpoint(out / "best", exp.eval_sets[name], target,
+                                          {k: v for k, v in options.items() if k != "alphas"},
+                                          overrides=[f"train.device={run.config.train.device}"])
+
+
 def collect_results(exp: Experiment, run: Run) -> dict:
     """Metrics, per-example scores, segment metrics and learning curves of a trained run, and the
     versions its training recorded when it (re)started (`run_info.json`): the code that trained it,
     not the checkout's now, which may have moved on while it trained.
 
     The validation set is the run's `data.eval_file` (scored during training by its best
-    checkpoint); each of the experiment's `eval_sets` is scored now with that checkpoint.
+    checkpoint); each of the experiment's `eval_sets` is scored with that checkpoint (`score_run`),
+    now unless the process that trained the run did.
     """
     from ..evaluation import eval_config  # loads torch: on first use
     from ..tasks import get_task  # loads the task packages, and torch: on first use
@@ -26,24 +49,15 @@ def collect_results(exp: Experiment, run: Run) -> dict:
     task = get_task(run.config.task)
     out = run.output_dir
     info = json.loads((out / "run_info.json").read_text(encoding="utf-8"))
+    score_run(exp, run)
     sets = {}
     if run.config.data.eval_file:
         sets["val"] = (run.config.data.eval_file, out / "eval")
     for name, path in exp.eval_sets.items():
-        target = out / "evals" / name
-        if not (target / "metrics.json").is_file():
-            # Eval sets are scored whole: data.max_eval_examples caps only the validation set.
-            task.evaluate_checkpoint(out / "best", path, target, progress=False,
-                                     overrides=["data.max_eval_examples=null", f"train.device={run.config.train.device}"])
-        sets[name] = (path, target)
+        sets[name] = (path, out / "evals" / name)
     metrics, questions, segments = {}, {}, []
     for name, options in exp.position_eval.items():
-        target = out / "position_eval" / name
-        if not (target / "diagnosis.json").is_file():
-            task.position_eval_checkpoint(out / "best", exp.eval_sets[name], target,
-                                          {k: v for k, v in options.items() if k != "alphas"},
-                                          overrides=[f"train.device={run.config.train.device}"])
-        result = json.loads((target / "diagnosis.json").read_text(encoding="utf-8"))
+        result = json.loads((out / "position_eval" / name / "diagnosis.json").read_text(encoding="utf-8"))
         metrics[f"{name} D*(k)"] = task.position_metrics(result, options.get("alphas", (5, 10)))
     for name, (path, folder) in sets.items():
         # The validation set as training read it; eval sets whole, as they were scored.

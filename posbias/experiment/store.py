@@ -11,8 +11,10 @@ between them (filling idle cores or GPUs):
   checkpoint. A process that hangs keeps its lock: end it (its pid is in the lock file);
 - after taking a lock a process reads the run's record again (another may have finished it), and
   records through WAL + BEGIN IMMEDIATE transactions, so writers queue instead of failing.
-Across machines, give each a disjoint `--only` and join their stores with `experiment copy` (OS
-locks on network file systems are not to be trusted). A store SQLite cannot read gives a ConfigError
+Across machines, cluster jobs (`run_experiment(record=False)`, the commands `--dry-run` prints) hold
+their run's lock but leave the store to one `collect_experiment` process (SQLite is not to be shared
+over a network file system; flock is, on NFS v4 and Lustre mounted with `-o flock`); or give each
+machine a disjoint `--only` and join their stores with `experiment copy`. A store SQLite cannot read gives a ConfigError
 naming it: move it aside and run again; finished runs are re-collected from their folders (their last
 checkpoint is complete, so nothing trains again).
 """

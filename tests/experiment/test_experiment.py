@@ -207,7 +207,13 @@ def test_cli_dry_run_prints_commands(tmp_path):
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == 4 and all("posbias train qa -c" in line for line in lines)
+    # Each line: the run, its config hash, and the job command that runs it alone under its lock
+    # (the run's config written beside it; the store is left to `experiment collect`).
+    assert len(lines) == 4
+    for line in lines:
+        name, _, cmd = line.split("\t")
+        assert cmd.endswith(f"--no-store --no-wait --only {name}") and cmd.startswith("posbias experiment run ")
+        assert (tmp_path / "exp" / "runs" / name / "run_config.yaml").is_file()
     assert not (tmp_path / "exp" / "experiment.sqlite").exists()
 
 
