@@ -83,8 +83,9 @@ def paired_bootstrap(method: np.ndarray, baseline: np.ndarray, *, samples: int =
     """
     d = np.asarray(method, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
     n = len(d)
-    if n == 0:
-        return {"n": 0, "diff": math.nan, "ci_low": math.nan, "ci_high": math.nan, "p": math.nan}
+    if n == 0 or samples <= 0:  # no examples, or no resampling asked for: the difference alone
+        return {"n": n, "diff": float(d.mean()) if n else math.nan, "ci_low": math.nan, "ci_high": math.nan,
+                "p": math.nan}
     rng = np.random.default_rng(seed)
     means = np.empty(samples)
     for lo in range(0, samples, 1000):  # chunks bound memory at 1000 x n indices
@@ -119,6 +120,8 @@ def paired_bootstrap_ratio(method: np.ndarray, baseline: np.ndarray, *, samples:
         return 100 * np.divide(num, den, out=np.zeros_like(num, dtype=np.float64), where=den > 0)
 
     obs = float(ratio(m) - ratio(b))
+    if samples <= 0:  # no resampling asked for: the difference alone
+        return {"n": n, "diff": obs, "ci_low": math.nan, "ci_high": math.nan, "p": math.nan}
     rng = np.random.default_rng(seed)
     diffs = np.empty(samples)
     for lo in range(0, samples, 1000):

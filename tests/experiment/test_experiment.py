@@ -632,3 +632,13 @@ def test_a_delta_is_bold_only_when_it_survives_holm():
     alone = adjust_family([row("cp", 0.036)])  # one comparison: the p-value is its own family
     assert comparison_table(alone)[1][0][5] == "**+1.10**"
     assert comparison_table(alone)[1][0][head.index("t-test p (seeds)")] == "0.036"
+
+
+def test_bootstraps_with_no_resamples_give_the_difference_alone():
+    """`bootstrap_samples=0` (a quick report) used to fail inside numpy's percentile."""
+    from posbias.analysis.stats import paired_bootstrap_ratio
+
+    b = paired_bootstrap(np.array([1.0, 2.0]), np.array([0.0, 0.0]), samples=0)
+    assert b["diff"] == 1.5 and math.isnan(b["p"]) and math.isnan(b["ci_low"])
+    r = paired_bootstrap_ratio(np.array([[1, 2], [1, 2]]), np.array([[0, 2], [1, 2]]), samples=0)
+    assert r["diff"] == pytest.approx(25.0) and math.isnan(r["p"])

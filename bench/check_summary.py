@@ -1,0 +1,176 @@
+"""Check BENCHMARKS.md's summary against the archived records (issue 47): every number a summary row
+prints that `bench/summary.yaml` ties to a store is recomputed from that store's `experiment.sqlite`
+(`posbias.experiment.aggregation`) and must read the same, to the digits printed; the row must print
+it; its verdict must be one of the defined words; and a row whose numbers have no store must say so
+in summary.yaml (`unchecked`, with the reason), so that no number without a record lands unnoticed.
+
+    python bench/check_summary.py [--summary bench/summary.yaml] [--benchmarks BENCHMARKS.md]
+
+Exit code 0 when everything checks, 1 with one line per problem.
+
+summary.yaml:
+    verdicts: {word: definition, ...}     # the only verdict words a summary row may start with
+    rows:
+      - claim: "MaP_E > InD"              # a piece of the row's claim cell (short table), unique
+        verdict: partly                   # the row's verdict cell starts with it
+        checks:                           # numbers recomputed from a store
+          - {store: docs/experiments/map_squad, eval_set: test, metric: EM, method: map_e,
+             stat: delta, text: "+1.30"}
+        unchecked: ["29.6 vs 65.3: ..."]    # numbers the row prints that are not recomputed here, and why
+A check's `stat`: mean, std, delta (method − baseline, paired by seed), p (t-test over seeds),
+p_holm (Holm-adjusted over the store's report table), ci_low/ci_high (t-interval over seeds).
+Optional keys: dataset (the store's data set name), baseline (another method than the spec's),
+only (shell patterns of run names, as `experiment report --only`). The value is formatted with the
+digits `text` shows; a leading + is kept, and "−" (U+2212) reads as "-".
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from posbias.experiment.aggregation import aggregate, load_results  # noqa: E402
+
+STATS = ("mean", "std", "delta", "p", "p_holm", "ci_low", "ci_high")
+
+
+@lru_cache(maxsize=None)
+def _rows(store: str, baseline: str | None, only: tuple[str, ...] | None) -> list[dict]:
+    results = load_results(ROOT / store, baseline=baseline, only=list(only) if only else None)
+    return aggregate(results, bootstrap_samples=0)  # the t-tests only: bootstraps are not in the checks
+
+
+def value(check: dict) -> float:
+    """The number `check` asks for, recomputed from its store."""
+    only = tuple(check["only"]) if check.get("only") else None
+    rows = [r for r in _rows(check["store"], check.get("baseline"), only)
+            if r["eval_set"] == check["eval_set"] and r["metric"] == check["metric"]
+            and r["method"] == check["method"] and r["dataset"] == check.get("dataset")]
+    if len(rows) != 1:
+        raise LookupError(f"{len(rows)} report rows for {_where(check)}")
+    r = rows[0]
+    stat = check["stat"]
+    if stat in ("mean", "std"):
+        return r[stat]
+    if "ttest" not in r:
+        raise LookupError(f"no comparison to a baseline for {_where(check)}")
+    return r["ttest"]["diff" if stat == "delta" else stat]
+
+
+def _where(check: dict) -> str:
+    parts = [check["store"], check.get("dataset"), check["eval_set"], check["metric"], check["method"]]
+    return "/".join(str(p) for p in parts if p is not None) + (f" vs {check['baseline']}" if check.get("baseline") else "")
+
+
+_NUMBER = re.compile(r"(?<![\w.])([+\-−]?)(<?)(\d+(?:\.(\d+))?)(?![\w(])")
+
+
+def formatted(x: float, text: str) -> str:
+    """`x` written as `text` writes its number: the same digits after the point, a sign where `text`
+    has one (− or +), `<0.001` kept for p-values below it."""
+    found = list(_NUMBER.finditer(text))  # the last number: "k = 5 −11.87" checks −11.87
+    if not found:
+        raise ValueError(f"no number in {text!r}")
+    m = found[-1]
+    sign, less, _, frac = m.groups()
+    if less:
+        bound = float(m.group(3))
+        return f"<{m.group(3)}" if x < bound else f"{x:.{len(m.group(3).split('.')[-1])}f}"
+    digits = len(frac) if frac else 0
+    out = f"{abs(x):.{digits}f}"
+    if x < 0 and float(out) != 0:
+        out = ("-" if sign == "-" else "−") + out  # BENCHMARKS writes U+2212
+    elif sign == "+":
+        out = "+" + out
+    return out
+
+
+def summary_rows(benchmarks: str) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """(claim, whole row, verdict) of each row of the summary's short table ("Summary: what
+    reproduces") and of its full table ("The summary's rows in full")."""
+    section = benchmarks.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    short, _, full = section.partition("### The summary's rows in full")
+
+    def rows(text):
+        out = []
+        for line in text.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not line.startswith("|") or len(cells) < 5 or cells[0] == "paper" or set(cells[0]) == {"-"}:
+                continue
+            out.append((cells[1], line, cells[3]))
+        return out
+
+    return rows(short), rows(full)
+
+
+def check(summary: dict, benchmarks: str) -> list[str]:
+    """The problems found, one line each."""
+    problems = []
+    words = sorted(summary["verdicts"], key=len, reverse=True)
+    short_table, full_table = summary_rows(benchmarks)
+    for row in summary["rows"]:
+        claim = row["claim"]
+        short = [x for x in short_table if claim in x[0]]
+        if len(short) != 1:
+            problems.append(f"{claim!r}: {len(short)} rows of the summary's short table have this claim")
+            continue
+        index = short_table.index(short[0])
+        lines = short + ([full_table[index]] if index < len(full_table) else [])
+        verdict = short[0][2]
+        if row.get("verdict") not in summary["verdicts"]:
+            problems.append(f"{claim!r}: verdict {row.get('verdict')!r} in summary.yaml is not one of the defined words")
+        for _, _, v in lines:
+            if not any(v.startswith(w) for w in words):
+                problems.append(f"{claim!r}: verdict cell {v[:60]!r} does not start with a defined word")
+            elif not v.startswith(str(row.get("verdict"))):
+                problems.append(f"{claim!r}: verdict cell {v[:60]!r} is not summary.yaml's {row.get('verdict')!r}")
+        if verdict.startswith("does not reproduce") and "(at this regime:" not in verdict:
+            problems.append(f"{claim!r}: 'does not reproduce' without '(at this regime: …)'")
+        printed = " ".join(line for _, line, _ in lines)
+        for c in row.get("checks") or []:
+            try:
+                got = formatted(value(c), c["text"])
+            except (LookupError, ValueError, OSError) as e:
+                problems.append(f"{claim!r}: {c['text']!r}: {e}")
+                continue
+            want = list(_NUMBER.finditer(c["text"]))[-1].group(0)
+            if got != want:
+                problems.append(f"{claim!r}: {c['text']!r} printed, the record gives {got} ({_where(c)} {c['stat']})")
+            if c["text"] not in printed:
+                problems.append(f"{claim!r}: {c['text']!r} is checked but the summary row does not print it")
+        if not row.get("checks") and not row.get("unchecked"):
+            problems.append(f"{claim!r}: neither checks nor unchecked numbers")
+    listed = {r["claim"] for r in summary["rows"]}
+    if len(short_table) != len(full_table):
+        problems.append(f"the short table has {len(short_table)} rows, the full one {len(full_table)}")
+    for c, _, _ in short_table:  # every row must be in summary.yaml
+        if not any(claim in c for claim in listed):
+            problems.append(f"summary row {c[:60]!r} is not in summary.yaml")
+    return problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--summary", default=str(ROOT / "bench" / "summary.yaml"))
+    ap.add_argument("--benchmarks", default=str(ROOT / "BENCHMARKS.md"))
+    args = ap.parse_args(argv)
+    summary = yaml.safe_load(Path(args.summary).read_text(encoding="utf-8"))
+    problems = check(summary, Path(args.benchmarks).read_text(encoding="utf-8"))
+    for p in problems:
+        print(p)
+    n_checks = sum(len(r.get("checks") or []) for r in summary["rows"])
+    n_unchecked = sum(len(r.get("unchecked") or []) for r in summary["rows"])
+    print(f"{len(summary['rows'])} rows, {n_checks} numbers recomputed from their stores, {n_unchecked} not "
+          f"recomputed (listed with the reason in summary.yaml): {'ok' if not problems else f'{len(problems)} problem(s)'}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
