@@ -454,8 +454,7 @@ CALLBACK_FRONT = {"tag_column": "data=posbias.tagging.readers.read_tagging(path,
 def _from_first_process(value):
     """`value` as the first process has it, on every process of an initialised torch.distributed
     group (the Trainer's); `value` itself otherwise."""
-    import torch.distributed as dist
-
+    dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return value
     box = [value]

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object
+from accelerate.utils import gather_object, parse_flag_from_env
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
@@ -127,8 +127,6 @@ def refuse_sharded_engines() -> None:
     """Refuse, by name, an accelerate engine that shards the model (FSDP, DeepSpeed): posbias saves
     its checkpoints and evaluates from the whole model on the main process, which under such an
     engine holds only its shard, and the other processes would wait for it in a collective."""
-    from accelerate.utils import parse_flag_from_env
-
     for var, engine in SHARDED_ENGINES.items():
         if parse_flag_from_env(var):
             raise ConfigError(f"train: {engine} ({var}=true, from accelerate launch or its config's "

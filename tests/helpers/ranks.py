@@ -122,6 +122,7 @@ def callback_metrics(rank: int, world: int, conll: str) -> dict:
     each rank's model has its own random weights, so equal metrics are the first rank's."""
     from types import SimpleNamespace
 
+    import torch
     from accelerate import PartialState
     from transformers import AutoTokenizer
 
@@ -133,7 +134,7 @@ def callback_metrics(rank: int, world: int, conll: str) -> dict:
     PartialState(cpu=True)
     tok = AutoTokenizer.from_pretrained(str(RESOURCES / "tiny_tokenizer"))
     model = bert(tok, hidden_dropout_prob=0.0)
-    with __import__("torch").no_grad():  # another model on each rank
+    with torch.no_grad():  # another model on each rank
         for p in model.classifier.parameters():
             p.add_(0.5 * rank)
     cb = PositionBiasCallback(conll, tok, k_max=3, alphas=(1, 3), quantiles=None)
