@@ -28,7 +28,8 @@ Output folder layout:
                          (with augment perturbations: the summed loss, tokens of every pass)
     eval_log.jsonl       metrics at every evaluation
     data_order/epoch-E.json   the epoch's batches as example ids (identical across methods for a seed)
-    position_updates.json     per position id, the steps in which it got a gradient (and the step count)
+    position_updates.json     per position id, the steps in which it got a gradient from any process's
+                              batches (and the step count)
     checkpoints/last/    resumable: weights + optimizer/scheduler/RNG state + trainer_state.json
     best/                best main metric (or final weights without an eval file): safetensors + tokenizer
     eval/                the task's prediction files and metrics.json of best/
