@@ -67,6 +67,7 @@ def _task_of(model, task: str | None):
 def evaluate(model, data, output_dir=None, overrides=None, progress: bool = True, task: str | None = None) -> dict:
     """Score a checkpoint (posbias, or a Hugging Face QA / token-classification folder) on a data
     file; writes predictions and metrics into `output_dir` when given."""
+    outputs.one_process("evaluate")
     return _task_of(model, task).evaluate_checkpoint(model, data, output_dir, overrides=overrides, progress=progress)
 
 
@@ -77,6 +78,7 @@ def predict(model, question: str | None = None, context: str | None = None, data
     id -> {"answer", "probability", "start_char", "nbest"}.
     Tagging: tag raw `text` (split into words) or every sentence of `data`; returns
     id -> {"words", "tags", "entities" (with character offsets for text)}."""
+    outputs.one_process("predict")
     t = _task_of(model, task)
     given = {k: v for k, v in (("question", question), ("context", context), ("text", text)) if v is not None}
     wrong = [k for k in given if k not in t.predict_inputs]
@@ -118,6 +120,7 @@ def diagnose(model, data, output_dir, xs=None, overrides=None, progress: bool = 
     for every sentence), `modes` (("duplicate", "shift")), `max_len`, `batch_tokens`
     (see `posbias.tagging.diagnose.diagnose`).
     """
+    outputs.one_process("diagnose")
     if isinstance(bootstrap_samples, bool) or not isinstance(bootstrap_samples, int) or bootstrap_samples < 0:
         raise ConfigError(f"diagnose: bootstrap_samples must be an integer >= 0, got {bootstrap_samples!r}")
     if isinstance(min_bucket, bool) or not isinstance(min_bucket, int) or min_bucket < 1:

@@ -33,15 +33,27 @@ model being trained at every evaluation and adds `<prefix>_f1_alpha_<α>` (POS: 
 Trainer's metrics, so they are logged, returned by `trainer.evaluate()` and usable as
 `metric_for_best_model`.
 
-Randomness: each collator draws from its own `torch.Generator(seed)`; with DataLoader workers every
-worker holds a copy, so pass `dataloader_num_workers=0` (the Trainer's default) for distinct draws.
+Randomness: a collator perturbs each batch with a generator seeded by its `seed`, the batch's
+content (its input ids) and how often this collator has collated that content before
+(`BatchDraws`). The draw is thus the batch's own, whichever process or DataLoader worker collates
+it: a run on N processes perturbs every global batch as a run on one process does (accelerate
+gives process r the global batches r, r + N, ...), and workers draw distinct perturbations for
+distinct batches. A batch that recurs (the same examples in the same order, as without shuffling)
+draws afresh each time the same collator (process, persistent worker) sees it again.
+
+`PositionBiasCallback` under several processes (torchrun, `accelerate launch`): every process
+scores the duplicated test sets and takes the first process's numbers, so the metrics are present
+and equal on every process (the Trainer's best-model choice reads them on each).
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import os
 import warnings
+from collections import Counter
 
+import numpy as np
 import torch
 
 from .tokens import separator_id, special_tokens
@@ -120,6 +132,28 @@ def _word_fields(mask: torch.Tensor, labels: torch.Tensor, n_prefix: int, n_suff
 VIEW = "posbias_view"
 
 
+class BatchDraws:
+    """The generator a collator perturbs a batch with (module doc, Randomness): keyed on the seed,
+    the batch's content and its recurrence count on this collator, never on the process or on how
+    many batches came before, so that 1 and N processes (or DataLoader workers) draw the same for
+    the same batch."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.seen: Counter = Counter()  # content digest -> batches of that content drawn for so far
+
+    def __call__(self, batch: dict) -> torch.Generator:
+        ids = batch["input_ids"]
+        digest = hashlib.blake2b(str(tuple(ids.shape)).encode(), digest_size=16)
+        digest.update(np.ascontiguousarray(ids.cpu().numpy(), dtype=np.int64).tobytes())
+        key = digest.digest()
+        again = self.seen[key]
+        self.seen[key] += 1
+        words = np.frombuffer(key, dtype=np.uint32).tolist()
+        state = np.random.SeedSequence([self.seed, again, *words]).generate_state(2, np.uint32)
+        return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
 def _swap_in_view(module, args, kwargs):
     """Forward pre-hook: the collated perturbed view replaces the batch in training forwards only."""
     view = kwargs.pop(VIEW, None)
@@ -171,7 +205,7 @@ class PositionShiftCollator:
         max_len: RPP's and randomized positions' M (default: the model's usable position table) or
             Random Padding's n (default: the tokenizer's model_max_length, within the table).
         cap: Random Padding's cap K on the shift (App. D); None for none.
-        seed: seed of this collator's generator.
+        seed: seed of this collator's draws (module doc, Randomness).
         mode: "replace" (train on the shifted batch) or "augment" (clean + shifted rows, module doc);
             default: "augment" for RPP (the authors' step; RPP alone never trains positions 1 .. l-1),
             "replace" for Random Padding (its paper trains the re-padded batch only).
@@ -202,23 +236,24 @@ class PositionShiftCollator:
         self.leading = _leading_special(tokenizer)
         self.padding_side = getattr(tokenizer, "padding_side", "right")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.generator = torch.Generator().manual_seed(seed)
+        self.draws = BatchDraws(seed)
 
     def shift(self, batch: dict) -> dict:
         """A copy of `batch` with shifted `position_ids` (and `position_shift`, the (b,) shifts, only
         as an attribute of the returned dict's source: the model never sees it)."""
+        generator = self.draws(batch)
         mask = batch["attention_mask"]
         cls_index = _cls_index(batch["input_ids"], mask, self.leading)
         lengths = mask.sum(-1)  # (b,) real tokens, specials included
         if self.method == "rpp":
-            k = sample_rpp(lengths, cls_index >= 0, self.max_len, self.generator)
+            k = sample_rpp(lengths, cls_index >= 0, self.max_len, generator)
         elif self.method == "randomized_positions":
             try:
-                k = sample_randomized_positions(lengths, cls_index >= 0, self.max_len, self.generator)  # (b, r)
+                k = sample_randomized_positions(lengths, cls_index >= 0, self.max_len, generator)  # (b, r)
             except ValueError as e:
                 raise ConfigError(f"PositionShiftCollator max_len: {e}") from None
         else:
-            k = sample_random_padding(lengths, self.max_len, self.cap, self.generator)
+            k = sample_random_padding(lengths, self.max_len, self.cap, generator)
         out = dict(batch)
         out["position_ids"] = shift_position_ids(mask, cls_index, k, base=self.base, pad_position=self.pad_position)
         return out
@@ -250,7 +285,7 @@ class ContextPerturbationCollator:
         tokenizer: its tokenizer (specials around a sentence, the joining separator, pad id, side).
         max_len: M, the most tokens of a concatenation (the paper: the whole table, 512); default
             the model's usable position table.
-        seed: seed of this collator's generator.
+        seed: seed of this collator's draws (module doc, Randomness).
         mode: "augment" (clean rows + re-packed rows, module doc; the authors' step, the default) or
             "replace".
     """
@@ -275,7 +310,7 @@ class ContextPerturbationCollator:
         self.sep_id = separator_id(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.padding_side = getattr(tokenizer, "padding_side", "right")
-        self.generator = torch.Generator().manual_seed(seed)
+        self.draws = BatchDraws(seed)
 
     def perturb(self, batch: dict) -> dict:
         """The re-packed batch (same number of rows), in the fields the model takes."""
@@ -287,7 +322,7 @@ class ContextPerturbationCollator:
                  **_word_fields(mask, batch["labels"], len(self.prefix), len(self.suffix))}
         if "token_type_ids" in batch:
             inner["token_type_ids"] = batch["token_type_ids"]
-        out = concatenate_contexts(inner, self.generator, max_len=self.max_len, prefix=self.prefix,
+        out = concatenate_contexts(inner, self.draws(batch), max_len=self.max_len, prefix=self.prefix,
                                    suffix=self.suffix, sep_id=self.sep_id, pad_id=self.pad_id,
                                    padding_side=self.padding_side)
         return {k: out[k] for k in self.FIELDS if k in out}
@@ -334,7 +369,7 @@ class PerturbationCollator:
             ... or a plug-in's).
         mode: "replace" or "augment" (clean + perturbed rows, module doc); default: the
             perturbation's paper mode (`paper_mode`), else replace.
-        seed: seed of this collator's generator.
+        seed: seed of this collator's draws (module doc, Randomness).
         **options: the perturbation's options (`max_len`, `cap`, ...), checked by name and type.
             Where its default is data.max_seq_len, the tokenizer's model_max_length stands in.
     """
@@ -359,7 +394,7 @@ class PerturbationCollator:
         self.n_prefix, self.n_suffix = len(prefix), len(suffix)
         self.padding_side = getattr(tokenizer, "padding_side", "right")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.generator = torch.Generator().manual_seed(seed)
+        self.draws = BatchDraws(seed)
 
     def _inner(self, batch: dict) -> dict:
         """The batch in the fields posbias perturbations read: `cls_index` (the leading special's
@@ -376,7 +411,7 @@ class PerturbationCollator:
 
     def perturb(self, batch: dict) -> dict:
         """The perturbed batch, in the batch's own fields (plus `position_ids` where it sets them)."""
-        out = self.perturbation(self._inner(batch), self.generator)
+        out = self.perturbation(self._inner(batch), self.draws(batch))
         keep = set(batch) | ({"position_ids"} if "position_ids" in out else set())
         lost = sorted(k for k in batch if k not in out)
         if lost:
@@ -414,6 +449,17 @@ CALLBACK_FRONT = {"tag_column": "data=posbias.tagging.readers.read_tagging(path,
                   "label_map": "label_map",
                   "labels": "pass labels=[...] (the tag names in id order) to PositionBiasCallback, or set "
                             "model.config.id2label and label2id"}
+
+
+def _from_first_process(value):
+    """`value` as the first process has it, on every process of an initialised torch.distributed
+    group (the Trainer's); `value` itself otherwise."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 class PositionBiasCallback(_callback_base()):
@@ -495,9 +541,12 @@ class PositionBiasCallback(_callback_base()):
         return {f"{self.prefix}_{k}": flat[k] for k in keep if k in flat}
 
     def on_evaluate(self, args, state, control, model=None, metrics=None, **kwargs):
-        if model is None or not state.is_world_process_zero:
+        if model is None:
             return control
-        new = self.position_metrics(model, args)
+        # Every process scores (each holds the same weights) and takes the first process's numbers:
+        # the metrics are present and equal everywhere (best-model selection reads them on each
+        # process), and no process waits in a collective while another computes.
+        new = _from_first_process(self.position_metrics(model, args))
         if metrics is not None:
             metrics.update(new)  # the dict trainer.evaluate() returns and best-model selection reads
         self.history.append({**new, "step": state.global_step})

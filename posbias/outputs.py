@@ -50,6 +50,17 @@ MAX_NAME = 128
 _OURS_PREFIX = ".posbias-"  # the marker, training's write probes: not the user's files
 
 
+def one_process(command: str) -> None:
+    """Refuse `posbias <command>` started as one of several processes (torchrun, `accelerate
+    launch`: WORLD_SIZE > 1). Only `train` splits its work over processes; any other command would
+    run whole in every process, each writing the same output folder."""
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if world.isdigit() and int(world) > 1:
+        raise ConfigError(f"posbias {command} runs in one process, but it was started as one of {world} "
+                          f"(WORLD_SIZE={world}: torchrun or accelerate launch), and every process would write "
+                          f"the same output folder; run it without the launcher (pick its GPU with --device cuda:N)")
+
+
 def safe_name(name, what: str) -> str:
     """`name` if it is one plain path component, else a ConfigError naming `what`.
 

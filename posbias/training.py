@@ -28,7 +28,8 @@ Output folder layout:
                          (with augment perturbations: the summed loss, tokens of every pass)
     eval_log.jsonl       metrics at every evaluation
     data_order/epoch-E.json   the epoch's batches as example ids (identical across methods for a seed)
-    position_updates.json     per position id, the steps in which it got a gradient (and the step count)
+    position_updates.json     per position id, the steps in which it got a gradient from any process's
+                              batches (and the step count)
     checkpoints/last/    resumable: weights + optimizer/scheduler/RNG state + trainer_state.json
     best/                best main metric (or final weights without an eval file): safetensors + tokenizer
     eval/                the task's prediction files and metrics.json of best/
@@ -49,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object
+from accelerate.utils import gather_object, parse_flag_from_env
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
@@ -115,6 +116,24 @@ def _check_output_dir(out: Path, key: str) -> None:
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"{key} {out} cannot be written: {e.strerror or e}") from None
+
+
+# accelerate's engines that shard the model over processes, by the variable `accelerate launch` sets
+# for them (from its flags or its config file's distributed_type).
+SHARDED_ENGINES = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed",
+                   "ACCELERATE_USE_MEGATRON_LM": "Megatron-LM"}
+
+
+def refuse_sharded_engines() -> None:
+    """Refuse, by name, an accelerate engine that shards the model (FSDP, DeepSpeed): posbias saves
+    its checkpoints and evaluates from the whole model on the main process, which under such an
+    engine holds only its shard, and the other processes would wait for it in a collective."""
+    for var, engine in SHARDED_ENGINES.items():
+        if parse_flag_from_env(var):
+            raise ConfigError(f"train: {engine} ({var}=true, from accelerate launch or its config's "
+                              f"distributed_type) is not supported by posbias training: it saves and evaluates "
+                              f"the whole model on the main process; launch plain data-parallel processes "
+                              f"(torchrun, or accelerate launch with distributed_type MULTI_GPU)")
 
 
 class _Schedule:
@@ -317,6 +336,7 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
     t, d = cfg.train, cfg.data
     out = Path(t.output_dir)
     resume = _resolve_resume(cfg, resume, overwrite)
+    refuse_sharded_engines()
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
 
@@ -370,7 +390,7 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
     state = {"global_step": 0, "best_metric": None, "best_step": None, "train_seconds": 0.0}
     # §2.3 pilot of the Random Padding paper: how often each position embedding gets a gradient.
     updates = PositionUpdateCounter(getattr(raw_model.encoder.config, "max_position_embeddings", None)
-                                    or d.max_seq_len)
+                                    or d.max_seq_len, processes=acc.num_processes)
     if resume is not None:
         _load_resume(Path(resume), raw_model, optimizer, scheduler, acc.process_index, state, updates,
                      device=acc.device, scaler=getattr(acc, "scaler", None))
@@ -449,10 +469,12 @@ def _train_step(run: _Run, loop: _Loop, batches: list) -> None:
     t_step = time.perf_counter()
     bad_loss = None
     micro = run.sched.micro_batches(step % run.sched.steps_per_epoch, acc.process_index)
-    gen = torch.Generator().manual_seed(t.seed * 1_000_003 + step)
+    epoch = step // run.sched.steps_per_epoch
     for j, bi in enumerate(micro):
         batch = run.task.collate(run.feats, batches[bi], run.tokenizer, with_labels=True)
-        # The replace-perturbed batch, then one perturbed copy per augment perturbation.
+        # The replace-perturbed batch, then one perturbed copy per augment perturbation; the draws
+        # are the global batch's own, whichever process trains it.
+        gen = batch_generator(t.seed, epoch, bi)
         passes = [move(b, acc.device) for b in training_passes(batch, run.replace, run.augment, gen)]
         for b in passes:
             run.updates.add_model_batch(run.raw_model, b)  # the ids the encoder is given (DyReF: queries, +2)
@@ -548,6 +570,7 @@ def _evaluate_and_save(run: _Run, loop: _Loop) -> None:
         run.model.train()
     if do_save:
         state["global_step"] = step
+        run.updates.merge_processes(gather_object)  # every process's batches (a collective)
         state["position_updates"] = run.updates.to_dict()
         _save_last(run.acc, run.raw_model, run.optimizer, run.scheduler, run.cfg, run.tokenizer, state,
                    run.last_dir, gather_object)
@@ -563,6 +586,7 @@ def _finish(run: _Run, step: int) -> dict:
         _save_best(run.raw_model, run.cfg, run.tokenizer, out, step, None)
         state["best_step"] = step
     run.acc.wait_for_everyone()
+    run.updates.merge_processes(gather_object)  # every process's batches (a collective)
     summary = {"output_dir": str(out), "steps": step, "best_step": state["best_step"],
                "best_metric": state["best_metric"], "metric": state.get("metric_name"),
                f"best_{state.get('metric_name') or 'metric'}": state["best_metric"],
@@ -685,6 +709,15 @@ def _load_resume(ckpt: Path, raw_model, optimizer, scheduler, rank: int, state: 
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{ckpt / 'trainer_state.json'}: position_updates is damaged "
                               f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
+
+
+def batch_generator(seed: int, epoch: int, batch: int) -> torch.Generator:
+    """The generator the perturbations of global batch `batch` (its index in the epoch's order) of
+    `epoch` draw from: keyed on the batch, not on the step or the process, so that one process and N
+    (and any gradient accumulation) perturb the same batch the same way, and a resumed run draws
+    what the uninterrupted one drew."""
+    key = np.random.SeedSequence([seed, epoch, batch]).generate_state(2, np.uint32)
+    return torch.Generator().manual_seed(int(key[0]) << 32 | int(key[1]))
 
 
 def passes_loss(model, passes: list[dict], targets) -> torch.Tensor:

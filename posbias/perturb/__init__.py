@@ -4,7 +4,8 @@ Protocol. A perturbation is any callable `(batch, generator) -> batch` that retu
 (it must not modify its input) — e.g. shifting `position_ids` (Random Padding, Random Position
 Perturbation, Randomized Positions in `position_shift.py`) or concatenating rows (Context
 Perturbation in `context_concat.py`). Randomness comes only from the `torch.Generator` passed in, so a run is
-reproducible. They run on training batches only; evaluation and prediction never see them. Each is
+reproducible; the training loop seeds one per global batch (`posbias.training.batch_generator`:
+seed, epoch, the batch's index in the epoch's order), so N processes perturb each batch as one does. They run on training batches only; evaluation and prediction never see them. Each is
 built from its config entry `{name: ..., mode: ..., **options}` by its registered factory, which
 takes the options as typed keywords (`posbias.factories`; posbias fills in `max_seq_len`, `task`
 and `key`, the dotted config key for error messages, where the factory names them). A

@@ -76,7 +76,9 @@ def run_windows(model, features: QAFeatures | StreamedFeatures, *, pad_id: int, 
             batch = collate(windows, np.arange(len(idx)), pad_id=pad_id, padding_side=padding_side)
             batch["window"] = torch.from_numpy(idx.astype(np.int64))
             batch = move(batch, device)
-            scores = model(batch)
+            # The model itself, not its DDP wrapper: a DDP forward syncs buffers with the other
+            # processes, which run other numbers of batches here (none with fewer windows than processes).
+            scores = _unwrap(model)(batch)
             sc, st, en, nu = batch_candidates(_unwrap(model).head, scores, batch, k=n_best,
                                               max_answer_len=max_answer_len,
                                               require_max_context=require_max_context)

@@ -64,7 +64,9 @@ def run_windows(model, features: TaggingFeatures, n_words: np.ndarray, *, pad_id
                         disable=not progress or rank != 0 or not interactive()):
             batch = collate(features, idx, pad_id=pad_id, padding_side=padding_side)
             pick = batch["predict"]  # (b, s) bool
-            logits = model(move(batch, device))["logits"]  # (b, s, c)
+            # The model itself, not its DDP wrapper: a DDP forward syncs buffers with the other
+            # processes, which run other numbers of batches here (none with fewer windows than processes).
+            logits = _unwrap(model)(move(batch, device))["logits"]  # (b, s, c)
             label = logits[pick.to(device)].argmax(-1).cpu().numpy()  # (words in batch,)
             rows = np.nonzero(pick.numpy())[0]
             sent = features.example_index[idx[rows]]

@@ -10,7 +10,8 @@ from transformers import (AutoTokenizer, BertConfig, BertForTokenClassification,
 
 from posbias.config import RESOURCES
 from posbias.errors import ConfigError
-from posbias.hf import VIEW, ContextPerturbationCollator, PositionBiasCallback, PositionShiftCollator
+from posbias.hf import (VIEW, ContextPerturbationCollator, PerturbationCollator, PositionBiasCallback,
+                        PositionShiftCollator)
 
 from helpers.hf import LABELS, SENTENCES, SMALL, bert, features, tiny_trainer
 
@@ -100,6 +101,35 @@ def test_model_without_position_ids_is_refused(bert_tok):
 def _labelled_words(batch, r, tok):
     ids, labels = batch["input_ids"][r].tolist(), batch["labels"][r].tolist()
     return [(tok.convert_ids_to_tokens(i), LABELS[l]) for i, l in zip(ids, labels) if l != -100]
+
+
+COLLATORS = {
+    "rpp": lambda model, tok: PositionShiftCollator(DataCollatorForTokenClassification(tok), model, tok, method="rpp",
+                                                    seed=5),
+    "context_perturbation": lambda model, tok: ContextPerturbationCollator(DataCollatorForTokenClassification(tok),
+                                                                           model, tok, max_len=40, seed=5),
+    "random_padding (generic)": lambda model, tok: PerturbationCollator(DataCollatorForTokenClassification(tok), model,
+                                                                        tok, "random_padding", max_len=40, seed=5),
+}
+
+
+@pytest.mark.parametrize("name", list(COLLATORS))
+def test_collators_perturb_a_global_batch_alike_on_one_process_or_two(bert_tok, name):
+    """accelerate gives process r of N the global batches r, r + N, ...: with one collator per
+    process, every global batch gets the perturbation the single process's collator gives it (the
+    draw is the batch's own, not the n-th of a process's generator); a batch seen again draws anew."""
+    feats = features(bert_tok)
+    batches = [[feats[i] for i in order] for order in ([0, 1], [2, 3], [1, 2], [3, 0], [0, 1])]
+    model = bert(bert_tok).train()
+    one = COLLATORS[name](model, bert_tok)
+    alone = [one(b)[VIEW] for b in batches]
+    ranks = [COLLATORS[name](model, bert_tok) for _ in range(2)]
+    shared = [ranks[g % 2](b)[VIEW] for g, b in enumerate(batches)]
+    for g, (x, y) in enumerate(zip(alone, shared)):
+        assert set(x) == set(y) and all(torch.equal(x[k], y[k]) for k in x), f"global batch {g}"
+    perturbed = "position_ids" if name != "context_perturbation" else "input_ids"
+    views = [one(batches[0])[VIEW][perturbed] for _ in range(8)]  # batch 0 again, and again
+    assert any(not torch.equal(v, alone[0][perturbed]) for v in views)
 
 
 def test_context_perturbation_collator_carries_labels(bert_tok):

@@ -1,0 +1,144 @@
+"""Several CPU processes in one gloo group, for the tests of what posbias does per rank
+(tests/core/test_ranks.py): `run_ranks(fn, world)` runs the module-level `fn(rank, world, *args)`
+in `world` spawned processes, each with the environment torchrun gives (RANK, WORLD_SIZE,
+MASTER_ADDR/PORT), and returns each rank's result; a process that has not finished within
+`timeout` seconds (a hang in a collective) is killed and reported.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import traceback
+
+import torch.multiprocessing as mp
+
+
+class RanksHung(AssertionError):
+    """Some rank did not finish in time: a collective that not every rank entered."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, fn, args, results) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+                      CUDA_VISIBLE_DEVICES="")
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        results.put((rank, "ok", fn(rank, world, *args)))
+    except BaseException:  # noqa: BLE001 - reported to the test, with its traceback
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn, world: int = 2, *args, timeout: float = 120.0) -> list:
+    """[fn(0, world, *args), ..., fn(world - 1, world, *args)], each in its own process of a gloo
+    group (set up by `fn`, e.g. through `accelerate.PartialState(cpu=True)`)."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, results), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    got: dict = {}
+    try:
+        while len(got) < world:
+            try:
+                rank, status, value = results.get(timeout=timeout)
+            except queue.Empty:
+                missing = sorted(set(range(world)) - set(got))
+                raise RanksHung(f"rank(s) {missing} did not finish within {timeout:.0f} s") from None
+            if status == "error":
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            got[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():  # hung in a collective: end the processes this call started
+                p.kill()
+                p.join()
+    return [got[r] for r in range(world)]
+
+
+# ---- per-rank bodies (module level: a spawned process imports them by name)
+
+def evaluate_few_windows(rank: int, world: int, n_examples: int) -> dict:
+    """The QA evaluation of a DDP-prepared tiny model on `n_examples` demo questions (one window
+    each: fewer windows than ranks when n_examples < world), as training evaluates."""
+    from accelerate import Accelerator
+
+    from posbias.config import build_config
+    from posbias.qa.evaluate import eval_features
+    from posbias.tasks import get_task
+
+    from helpers import DEMO_DEV, tiny_config, tiny_model
+
+    acc = Accelerator(cpu=True)
+    task = get_task("qa")
+    cfg = build_config(tiny_config(data={"eval_file": DEMO_DEV, "max_seq_len": 384}))
+    tok = task.load_tokenizer(cfg)
+    ds = task.read(DEMO_DEV, cfg)
+    ds.examples = ds.examples[:n_examples]
+    model = acc.prepare(tiny_model(tok))  # wrapped for DDP, as training's model is
+    windows = len(eval_features(ds.examples, tok, cfg, source=ds.path))
+    result = task.evaluate(model, tok, cfg, ds, accelerator=acc, progress=False)
+    return {"windows": windows, **{k: result[k] for k in ("total", "f1")}}
+
+
+def merged_update_counts(rank: int, world: int, seen: list) -> dict:
+    """A PositionUpdateCounter fed `seen[rank]` (per step: the position ids this rank saw), merged
+    over the ranks."""
+    import torch
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    from posbias.analysis.updates import PositionUpdateCounter
+
+    PartialState(cpu=True)
+    counter = PositionUpdateCounter(16, processes=world)
+    for step in seen[rank]:
+        ids = torch.tensor([step], dtype=torch.long)  # one row: these position ids, all real tokens
+        counter.add_batch(ids, torch.ones_like(ids))
+        counter.end_step()
+    own = counter.counts.tolist()
+    counter.merge_processes(gather_object)
+    return {"own": own, "merged": counter.to_dict()}
+
+
+def callback_metrics(rank: int, world: int, conll: str) -> dict:
+    """What `PositionBiasCallback.on_evaluate` adds to the Trainer's metrics on this rank (the
+    Trainer's state says which rank is process zero), and what this rank's model scores alone;
+    each rank's model has its own random weights, so equal metrics are the first rank's."""
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate import PartialState
+    from transformers import AutoTokenizer
+
+    from posbias.config import RESOURCES
+    from posbias.hf import PositionBiasCallback
+
+    from helpers.hf import bert
+
+    PartialState(cpu=True)
+    tok = AutoTokenizer.from_pretrained(str(RESOURCES / "tiny_tokenizer"))
+    model = bert(tok, hidden_dropout_prob=0.0)
+    with torch.no_grad():  # another model on each rank
+        for p in model.classifier.parameters():
+            p.add_(0.5 * rank)
+    cb = PositionBiasCallback(conll, tok, k_max=3, alphas=(1, 3), quantiles=None)
+    state = SimpleNamespace(is_world_process_zero=rank == 0, global_step=1, log_history=[])
+    metrics = {"eval_loss": 1.0}
+    cb.on_evaluate(SimpleNamespace(bf16=False, fp16=False), state, None, model=model, metrics=metrics)
+    return {"metrics": metrics, "own": cb.position_metrics(model)}
