@@ -63,7 +63,7 @@ from .encoders import WEIGHTS, first_shape_error, weight_shapes
 from .errors import ConfigError, TrainingError, failure_message
 from .limits import load_json
 from .perturb import perturbations_by_mode, training_passes
-from .precision import resolve_precision
+from .precision import training_precision
 from .tasks import get_task
 from .train_state import PLAIN, load_state, save_state
 from .utils import atomic_write_json, atomic_write_text, interactive, now_iso, recover_dir, replace_dir, set_seed, versions
@@ -137,14 +137,40 @@ class _Schedule:
 
 
 def _release_accelerator_state(mixed_precision: str) -> None:
-    """Let a second run in this process use another precision: accelerate keeps one AcceleratorState
-    per process and refuses a new Accelerator with a different `mixed_precision`. The precision part
-    is dropped; the process group (PartialState) is kept."""
+    """Under a launcher, let a second run in this process use another precision: accelerate keeps one
+    AcceleratorState per process and refuses a new Accelerator with a different `mixed_precision`.
+    The precision part is dropped; the process group (PartialState) is kept."""
     from accelerate.state import AcceleratorState
 
     shared = getattr(AcceleratorState, "_shared_state", None)
     if shared and str(shared.get("_mixed_precision", mixed_precision)) != mixed_precision:
         AcceleratorState._reset_state(reset_partial_state=False)
+
+
+def _accelerator(spec: str, device, precision, log_with, out: Path, scope: contextlib.ExitStack) -> Accelerator:
+    """The run's Accelerator on `device` (`spec`: train.device as written).
+
+    accelerate keeps its state per process (PartialState: the device and the process group), so a
+    second `train()` in one process kept the first one's device: CPU after CUDA failed, CUDA after
+    the CPU trained on the CPU, and `cuda:N` was GPU 0 (accelerate is only told "CPU or not"). A run
+    no launcher started gets a fresh state on its own device (accelerate's ACCELERATE_TORCH_DEVICE,
+    set while the Accelerator is made), with torch's current CUDA device set to it until the run
+    ends (`scope`). Under torchrun / `accelerate launch` the process group is kept and each process
+    takes the GPU of its LOCAL_RANK; an explicit `cuda:N` is refused there (`devices.check_launch`)."""
+    from accelerate.state import AcceleratorState
+
+    processes = devices.launched()
+    devices.check_launch(spec, processes)
+    if processes:
+        _release_accelerator_state(precision.accelerate)
+        env = {}
+    else:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        env = {"ACCELERATE_TORCH_DEVICE": None if device.type == "cpu" else str(device)}
+        scope.enter_context(devices.current(device))
+    with devices.environ(env):
+        return Accelerator(mixed_precision=precision.accelerate, cpu=device.type == "cpu", log_with=log_with,
+                           project_dir=str(out / "tracking") if log_with else None)
 
 
 class _RunRecord:
@@ -246,12 +272,14 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     out = Path(cfg.train.output_dir)
     _check_output_dir(out, "train.output_dir")
     # Under torchrun / `accelerate launch` every process trains; the first (RANK 0) writes and locks.
-    with outputs.output_folder(out, "train.output_dir", hold=os.environ.get("RANK", "0") in ("0", "")):
+    # `scope`: what the run sets for itself (the current CUDA device, deterministic algorithms), put back at its end.
+    with outputs.output_folder(out, "train.output_dir", hold=os.environ.get("RANK", "0") in ("0", "")), \
+            contextlib.ExitStack() as scope:
         for name in WRITTEN:
             outputs.no_link(out / name, "train.output_dir")
         record = _RunRecord()
         try:
-            return _train(cfg, resume, overwrite, progress, data, record)
+            return _train(cfg, resume, overwrite, progress, data, record, scope)
         except BaseException as e:
             if isinstance(e, OSError) and e.filename is None:  # e.g. a log line on a full disk: name the run
                 e = OSError(e.errno, e.strerror or str(e), str(cfg.train.output_dir))
@@ -260,9 +288,9 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
 
 
 def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, data: dict | None,
-           record: _RunRecord) -> dict:
+           record: _RunRecord, scope: contextlib.ExitStack) -> dict:
     """The run, stage by stage: set up, train epoch by epoch (evaluating and saving as it goes), finish."""
-    run = _setup(cfg, resume, overwrite, progress, data, record)
+    run = _setup(cfg, resume, overwrite, progress, data, record, scope)
     run.model.train()
     step = run.state["global_step"]
     window = _new_window()
@@ -310,10 +338,10 @@ def _resolve_resume(cfg: RunConfig, resume: str | None, overwrite: bool) -> str 
 
 
 def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, data: dict | None,
-           record: _RunRecord) -> _Run:
+           record: _RunRecord, scope: contextlib.ExitStack) -> _Run:
     """Everything before the first step: the checks, the accelerator, data -> features, the model,
     optimizer and schedule, the resumed state, and the output folder made ready (run_info.json
-    `running`, from which point `record` owns the run)."""
+    `running`, from which point `record` owns the run). What the run sets for itself goes on `scope`."""
     t, d = cfg.train, cfg.data
     out = Path(t.output_dir)
     resume = _resolve_resume(cfg, resume, overwrite)
@@ -323,14 +351,13 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
     # Without CUDA, accelerate only joins a torchrun/`accelerate launch` process group when told cpu=True.
     device = devices.resolve_device(t.device)
     log_with = _trackers(t.report_to)
-    precision = resolve_precision(t.mixed_precision, device, "train.mixed_precision")
-    _release_accelerator_state(precision.accelerate)
-    acc = Accelerator(mixed_precision=precision.accelerate, cpu=device.type == "cpu", log_with=log_with,
-                      project_dir=str(out / "tracking") if log_with else None)
+    precision = training_precision(t.mixed_precision, device)  # the option, else accelerate's launch flag/config
+    scope.enter_context(devices.deterministic(t.deterministic))
+    acc = _accelerator(t.device, device, precision, log_with, out, scope)
     main = record.main = acc.is_main_process
     if resume is not None:  # past the argument checks, this attempt continues the run: it owns it from here
         record.path = out / "run_info.json"
-    if main and progress and t.mixed_precision != "no":
+    if main and progress and (t.mixed_precision != "no" or precision.source == "accelerate"):
         print(f"posbias: training in {precision.name} ({precision.reason})", file=sys.stderr, flush=True)
     set_seed(t.seed)
     started = time.time()
@@ -367,13 +394,14 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
     raw_model = acc.unwrap_model(model)
 
     # ---- resumed state
-    state = {"global_step": 0, "best_metric": None, "best_step": None, "train_seconds": 0.0}
+    state = {"global_step": 0, "best_metric": None, "best_step": None, "train_seconds": 0.0,
+             "world_size": acc.num_processes}
     # §2.3 pilot of the Random Padding paper: how often each position embedding gets a gradient.
     updates = PositionUpdateCounter(getattr(raw_model.encoder.config, "max_position_embeddings", None)
                                     or d.max_seq_len)
     if resume is not None:
         _load_resume(Path(resume), raw_model, optimizer, scheduler, acc.process_index, state, updates,
-                     device=acc.device, scaler=getattr(acc, "scaler", None))
+                     device=acc.device, scaler=getattr(acc, "scaler", None), world=acc.num_processes)
 
     run_info = {
         "status": "running", "started": now_iso(), "seed": t.seed, "versions": versions(),
@@ -385,7 +413,7 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
         "steps_per_epoch": sched.steps_per_epoch, "total_steps": total_steps,
         "resumed_from": resume, "resumed_at_step": state["global_step"] if resume else None,
         "hardware": devices.describe(acc.device), "mixed_precision": t.mixed_precision,
-        "precision": precision.to_dict(),
+        "precision": precision.to_dict(), "deterministic": t.deterministic,
     }
     run = _Run(cfg=cfg, out=out, last_dir=out / "checkpoints" / "last", progress=progress, acc=acc, main=main,
                log_with=log_with, task=task, tokenizer=tokenizer, examples=examples, feats=feats, lengths=lengths,
@@ -626,7 +654,7 @@ def _diverged(out: Path, step: int, value, last_dir: Path) -> None:
 _TRAINER_STATE = {"global_step": (int,), "best_metric": (int, float, type(None)), "best_step": (int, type(None)),
                   "train_seconds": (int, float), "metric_name": (str, type(None)),
                   "evals_without_improvement": (int,), "stopped_early": (int, type(None)),
-                  "position_updates": (dict, type(None))}
+                  "position_updates": (dict, type(None)), "world_size": (int,)}
 
 
 def _read_trainer_state(file: Path) -> dict:
@@ -645,14 +673,18 @@ def _read_trainer_state(file: Path) -> dict:
 
 
 def _load_resume(ckpt: Path, raw_model, optimizer, scheduler, rank: int, state: dict, updates,
-                 device=None, scaler=None) -> None:
+                 device=None, scaler=None, world: int = 1) -> None:
     """Continue from checkpoint `ckpt`: its weights, optimizer, scheduler and RNG states (the CPU's,
     and this process's CUDA generator when it trains on one), the fp16 loss scaler and the loop's
     state. Every file is checked before it is used: a damaged or foreign one is a ConfigError naming
-    it, not an error deep inside torch."""
+    it, not an error deep inside torch. A checkpoint saved by another number of processes (`world`)
+    is refused: the batches each step takes, the schedule's length and the per-process random
+    states all depend on it."""
     from safetensors.torch import load_file
 
     trainer = _read_trainer_state(ckpt / "trainer_state.json")
+    if "world_size" in trainer:
+        _check_world_size(ckpt, trainer["world_size"], world)
     file = ckpt / WEIGHTS
     wrong = first_shape_error({k: tuple(v.shape) for k, v in raw_model.state_dict().items()}, weight_shapes(file),
                               file, "the run's config")
@@ -660,6 +692,8 @@ def _load_resume(ckpt: Path, raw_model, optimizer, scheduler, rank: int, state: 
         raise ConfigError(f"cannot resume: {wrong}")
     raw_model.load_state_dict(load_file(str(file)))
     extra = load_state(ckpt)  # safetensors + JSON: loading a shared checkpoint runs no code
+    if "world_size" not in trainer and isinstance(extra.get("rng"), list):  # saved before trainer_state had it
+        _check_world_size(ckpt, len(extra["rng"]), world)
     try:
         optimizer.load_state_dict(extra["optimizer"])
         scheduler.load_state_dict(extra["scheduler"])
@@ -685,6 +719,13 @@ def _load_resume(ckpt: Path, raw_model, optimizer, scheduler, rank: int, state: 
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{ckpt / 'trainer_state.json'}: position_updates is damaged "
                               f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
+
+
+def _check_world_size(ckpt: Path, saved: int, world: int) -> None:
+    if saved != world:
+        raise ConfigError(f"cannot resume from {ckpt}: it was saved by {saved} process{'es' if saved != 1 else ''} "
+                          f"and this run has {world}; resume with {saved} (the batch order, the learning-rate "
+                          "schedule and each process's random state depend on it)")
 
 
 def passes_loss(model, passes: list[dict], targets) -> torch.Tensor:
