@@ -75,3 +75,94 @@ def test_resume_on_a_gpu_restores_the_device_generator_and_the_loss_scaler(tmp_p
 def test_a_cpu_checkpoint_has_no_device_generator(tmp_path, monkeypatch):
     state = load_state(_save(tmp_path, monkeypatch, "cpu"))
     assert "cuda" not in state["rng"][0] and "scaler" not in state
+
+
+# ---- resuming with another number of processes
+
+
+def test_resume_with_another_number_of_processes_is_refused(tmp_path, monkeypatch, capsys):
+    """A checkpoint saved by one process, resumed by a run that has two: one line naming both sizes.
+    Before, rank 0 took the one saved RNG state and the run went on with another batch order and
+    another schedule length (with fewer processes than saved: an IndexError)."""
+    from accelerate import Accelerator
+
+    import posbias
+    from posbias.cli import main
+    from posbias.config import build_config
+
+    from helpers import tiny_config
+
+    d = tiny_config(tmp_path, train={"max_steps": 2, "save_every": 1}, data={"eval_file": None})
+    posbias.train(build_config(d), progress=False)
+    assert training._read_trainer_state(tmp_path / "run" / "checkpoints" / "last" / "trainer_state.json")[
+        "world_size"] == 1
+
+    class TwoProcesses(Accelerator):  # as if started by torchrun --nproc_per_node 2 (this is rank 0)
+        num_processes = 2
+
+    monkeypatch.setattr(training, "Accelerator", TwoProcesses)
+    cfg = tmp_path / "c.yaml"
+    d["train"]["max_steps"] = 4
+    cfg.write_text(__import__("json").dumps(d), encoding="utf-8")
+    assert main(["train", "qa", "-c", str(cfg), "--resume", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "saved by 1 process and this run has 2; resume with 1" in err, err
+
+
+def test_a_checkpoint_from_before_the_world_size_key_is_checked_by_its_random_states(tmp_path, monkeypatch):
+    """Checkpoints written before trainer_state.json had world_size: the number of saved per-process
+    random states tells (here 1, resumed by 2)."""
+    import pytest
+
+    from posbias.errors import ConfigError
+
+    last = _save(tmp_path, monkeypatch, "cpu")
+    monkeypatch.setattr(training, "_read_trainer_state", lambda path: {"global_step": 3})  # no world_size
+    model, optimizer, scheduler = _parts()
+    save_file(model.state_dict(), str(last / training.WEIGHTS))
+    updates = SimpleNamespace(counts=[0], steps=0)
+    with pytest.raises(ConfigError, match="saved by 1 process and this run has 2"):
+        training._load_resume(last, model, optimizer, scheduler, 0, {}, updates, world=2)
+    training._load_resume(last, model, optimizer, scheduler, 0, {}, updates, world=1)
+
+
+# ---- train.deterministic
+
+
+def test_deterministic_runs_set_the_flags_for_the_run_only_and_repeat_bit_for_bit(tmp_path, monkeypatch):
+    """train.deterministic: during the run torch's deterministic algorithms, cuDNN's deterministic
+    kernels without benchmarking and cuBLAS's fixed workspace are on; after it every flag and the
+    variable are back as they were; two runs end with the same weights, bit for bit; run_info.json
+    records it."""
+    import json
+
+    from safetensors.torch import load_file
+
+    import posbias
+    from posbias.config import build_config
+
+    from helpers import tiny_config
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    flags = lambda: (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,  # noqa: E731
+                     torch.backends.cudnn.benchmark, __import__("os").environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    before = flags()
+    assert before[0] is False
+    seen, real = [], training.passes_loss
+
+    def recording(*a, **k):
+        seen.append(flags())
+        return real(*a, **k)
+
+    monkeypatch.setattr(training, "passes_loss", recording)
+    for name in ("a", "b"):
+        d = tiny_config(tmp_path / name, train={"max_steps": 3, "deterministic": True}, data={"eval_file": None})
+        posbias.train(build_config(d), progress=False)
+        assert flags() == before
+    assert seen and set(seen) == {(True, True, False, ":4096:8")}
+    info = json.loads((tmp_path / "a" / "run" / "run_info.json").read_text(encoding="utf-8"))
+    assert info["deterministic"] is True
+    a = load_file(str(tmp_path / "a" / "run" / "best" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "run" / "best" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert build_config(d).hash() == build_config(d, ["train.deterministic=false"]).hash()  # not part of the hash
