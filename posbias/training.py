@@ -355,6 +355,8 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
     scope.enter_context(devices.deterministic(t.deterministic))
     acc = _accelerator(t.device, device, precision, log_with, out, scope)
     main = record.main = acc.is_main_process
+    if resume is not None:  # another number of processes would take other batches: refused before the run is touched
+        _check_world_size(Path(resume), acc.num_processes)
     if resume is not None:  # past the argument checks, this attempt continues the run: it owns it from here
         record.path = out / "run_info.json"
     if main and progress and (t.mixed_precision != "no" or precision.source == "accelerate"):
@@ -401,7 +403,7 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
                                     or d.max_seq_len)
     if resume is not None:
         _load_resume(Path(resume), raw_model, optimizer, scheduler, acc.process_index, state, updates,
-                     device=acc.device, scaler=getattr(acc, "scaler", None), world=acc.num_processes)
+                     device=acc.device, scaler=getattr(acc, "scaler", None))
 
     run_info = {
         "status": "running", "started": now_iso(), "seed": t.seed, "versions": versions(),
@@ -673,18 +675,14 @@ def _read_trainer_state(file: Path) -> dict:
 
 
 def _load_resume(ckpt: Path, raw_model, optimizer, scheduler, rank: int, state: dict, updates,
-                 device=None, scaler=None, world: int = 1) -> None:
+                 device=None, scaler=None) -> None:
     """Continue from checkpoint `ckpt`: its weights, optimizer, scheduler and RNG states (the CPU's,
     and this process's CUDA generator when it trains on one), the fp16 loss scaler and the loop's
     state. Every file is checked before it is used: a damaged or foreign one is a ConfigError naming
-    it, not an error deep inside torch. A checkpoint saved by another number of processes (`world`)
-    is refused: the batches each step takes, the schedule's length and the per-process random
-    states all depend on it."""
+    it, not an error deep inside torch."""
     from safetensors.torch import load_file
 
     trainer = _read_trainer_state(ckpt / "trainer_state.json")
-    if "world_size" in trainer:
-        _check_world_size(ckpt, trainer["world_size"], world)
     file = ckpt / WEIGHTS
     wrong = first_shape_error({k: tuple(v.shape) for k, v in raw_model.state_dict().items()}, weight_shapes(file),
                               file, "the run's config")
@@ -692,8 +690,6 @@ def _load_resume(ckpt: Path, raw_model, optimizer, scheduler, rank: int, state: 
         raise ConfigError(f"cannot resume: {wrong}")
     raw_model.load_state_dict(load_file(str(file)))
     extra = load_state(ckpt)  # safetensors + JSON: loading a shared checkpoint runs no code
-    if "world_size" not in trainer and isinstance(extra.get("rng"), list):  # saved before trainer_state had it
-        _check_world_size(ckpt, len(extra["rng"]), world)
     try:
         optimizer.load_state_dict(extra["optimizer"])
         scheduler.load_state_dict(extra["scheduler"])
@@ -721,7 +717,15 @@ def _load_resume(ckpt: Path, raw_model, optimizer, scheduler, rank: int, state: 
                               f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
 
 
-def _check_world_size(ckpt: Path, saved: int, world: int) -> None:
+def _check_world_size(ckpt: Path, world: int) -> None:
+    """Refuse to resume checkpoint `ckpt` with `world` processes when another number saved it: the
+    batches each step takes, the schedule's length and the per-process random states depend on it.
+    Checkpoints from before trainer_state.json had `world_size` tell it by their per-process random
+    states."""
+    saved = _read_trainer_state(ckpt / "trainer_state.json").get("world_size")
+    if saved is None:
+        rng = load_state(ckpt).get("rng")
+        saved = len(rng) if isinstance(rng, list) else world  # a damaged state is _load_resume's to name
     if saved != world:
         raise ConfigError(f"cannot resume from {ckpt}: it was saved by {saved} process{'es' if saved != 1 else ''} "
                           f"and this run has {world}; resume with {saved} (the batch order, the learning-rate "

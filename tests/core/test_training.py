@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -112,18 +113,12 @@ def test_resume_with_another_number_of_processes_is_refused(tmp_path, monkeypatc
 def test_a_checkpoint_from_before_the_world_size_key_is_checked_by_its_random_states(tmp_path, monkeypatch):
     """Checkpoints written before trainer_state.json had world_size: the number of saved per-process
     random states tells (here 1, resumed by 2)."""
-    import pytest
-
     from posbias.errors import ConfigError
 
     last = _save(tmp_path, monkeypatch, "cpu")
-    monkeypatch.setattr(training, "_read_trainer_state", lambda path: {"global_step": 3})  # no world_size
-    model, optimizer, scheduler = _parts()
-    save_file(model.state_dict(), str(last / training.WEIGHTS))
-    updates = SimpleNamespace(counts=[0], steps=0)
     with pytest.raises(ConfigError, match="saved by 1 process and this run has 2"):
-        training._load_resume(last, model, optimizer, scheduler, 0, {}, updates, world=2)
-    training._load_resume(last, model, optimizer, scheduler, 0, {}, updates, world=1)
+        training._check_world_size(last, 2)
+    training._check_world_size(last, 1)
 
 
 # ---- train.deterministic
@@ -166,3 +161,34 @@ def test_deterministic_runs_set_the_flags_for_the_run_only_and_repeat_bit_for_bi
     b = load_file(str(tmp_path / "b" / "run" / "best" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert build_config(d).hash() == build_config(d, ["train.deterministic=false"]).hash()  # not part of the hash
+
+
+@pytest.mark.slow
+def test_a_one_process_checkpoint_resumed_by_torchrun_with_two_is_refused(tmp_path):
+    """The real thing: `torchrun --nproc_per_node 2 ... --resume auto` on a one-process run's
+    checkpoint fails with the one line, and leaves the run as it was (finished at step 2)."""
+    import json
+    import os
+    import socket
+    import subprocess
+
+    import posbias
+    from posbias.config import build_config
+
+    from helpers import BIN, tiny_config
+
+    d = tiny_config(tmp_path, train={"max_steps": 2, "save_every": 1}, data={"eval_file": None})
+    posbias.train(build_config(d), progress=False)
+    d["train"]["max_steps"] = 4
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(d), encoding="utf-8")
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port), "-m", "posbias",
+                        "train", "qa", "-c", str(path), "--resume", "auto"], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, timeout=600)
+    assert r.returncode != 0
+    assert "saved by 1 process and this run has 2; resume with 1" in r.stderr, r.stderr[-3000:]
+    info = json.loads((tmp_path / "run" / "run_info.json").read_text(encoding="utf-8"))
+    assert info["status"] == "finished" and info["summary"]["steps"] == 2
