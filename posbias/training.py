@@ -355,10 +355,9 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
     scope.enter_context(devices.deterministic(t.deterministic))
     acc = _accelerator(t.device, device, precision, log_with, out, scope)
     main = record.main = acc.is_main_process
-    if resume is not None:  # another number of processes would take other batches: refused before the run is touched
-        _check_world_size(Path(resume), acc.num_processes)
-    if resume is not None:  # past the argument checks, this attempt continues the run: it owns it from here
-        record.path = out / "run_info.json"
+    if resume is not None:
+        _check_world_size(Path(resume), acc.num_processes)  # refused before the run is touched
+        record.path = out / "run_info.json"  # past the checks, this attempt continues the run: it owns it from here
     if main and progress and (t.mixed_precision != "no" or precision.source == "accelerate"):
         print(f"posbias: training in {precision.name} ({precision.reason})", file=sys.stderr, flush=True)
     set_seed(t.seed)
