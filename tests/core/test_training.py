@@ -192,3 +192,23 @@ def test_a_one_process_checkpoint_resumed_by_torchrun_with_two_is_refused(tmp_pa
     assert "saved by 1 process and this run has 2; resume with 1" in r.stderr, r.stderr[-3000:]
     info = json.loads((tmp_path / "run" / "run_info.json").read_text(encoding="utf-8"))
     assert info["status"] == "finished" and info["summary"]["steps"] == 2
+
+
+def test_deterministic_runs_repeat_bit_for_bit_on_device(device, tmp_path):
+    """train.deterministic on the `device` fixture's device (the cuda case: `make gpu-check`): two
+    runs with dropout end with equal weights, bit for bit, and the flags are off again after."""
+    from safetensors.torch import load_file
+
+    import posbias
+    from posbias.config import build_config
+
+    from helpers import tiny_config
+
+    for name in ("a", "b"):
+        d = tiny_config(tmp_path / name, train={"max_steps": 3, "deterministic": True, "device": device},
+                        data={"eval_file": None})
+        posbias.train(build_config(d), progress=False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    a = load_file(str(tmp_path / "a" / "run" / "best" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "run" / "best" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
