@@ -182,14 +182,14 @@ def test_training_runs_on_the_last_visible_gpu(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: torch sees none")
     n = torch.cuda.device_count() - 1
-    before = torch.cuda.current_device()
+    before, on_gpu0 = torch.cuda.current_device(), torch.cuda.memory_allocated(0)
     posbias.train(build_config(tiny_config(tmp_path / "gpu", train={"max_steps": 2, "device": f"cuda:{n}"})),
                   progress=False)
     info = json.loads((tmp_path / "gpu" / "run" / "run_info.json").read_text(encoding="utf-8"))
     assert info["hardware"]["device"] == f"cuda:{n}", info["hardware"]
     assert torch.cuda.current_device() == before
-    if n > 0:
-        assert torch.cuda.memory_allocated(0) == 0
+    if n > 0:  # nothing of the run on GPU 0 (other tests in this process may hold tensors there)
+        assert torch.cuda.memory_allocated(0) == on_gpu0
     posbias.train(build_config(tiny_config(tmp_path / "cpu", train={"max_steps": 1, "device": "cpu"})),
                   progress=False)
     info = json.loads((tmp_path / "cpu" / "run" / "run_info.json").read_text(encoding="utf-8"))
