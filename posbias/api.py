@@ -134,11 +134,13 @@ def diagnose(model, data, output_dir, xs=None, overrides=None, progress: bool = 
                                           **common, **options)
 
 
-def explain_attention(model, question: str, context: str, output_dir, answer: str | None = None) -> dict:
-    """DyReF's query attention for one question + context (paper Fig. 3): attention.png + .json."""
+def explain_attention(model, question: str, context: str, output_dir, answer: str | None = None,
+                      device: str = "auto") -> dict:
+    """DyReF's query attention for one question + context (paper Fig. 3): attention.png + .json;
+    the model runs on `device` (auto, cpu, cuda, cuda:N, mps)."""
     from .qa.explain import explain_attention as _explain  # loads torch (the QA task): `import posbias` stays light
 
-    return _explain(model, question, context, output_dir, answer=answer)
+    return _explain(model, question, context, output_dir, answer=answer, device=device)
 
 
 def export(model, out_dir) -> Path:

@@ -157,7 +157,8 @@ DEVICE_HELP = ("where the model runs: auto (a CUDA GPU when torch sees one, else
 
 
 PRECISION_HELP = ("numeric precision: fp32, bf16, fp16, or auto (bf16 where the CPU has AMX-BF16 or AVX512-BF16 "
-                  "or the GPU supports bf16, else fp32); training: the override train.mixed_precision=..., "
+                  "or the GPU supports bf16, else fp32; recommended on GPUs); training: the override "
+                  "train.mixed_precision=... (without it, accelerate launch's --mixed_precision or config, else fp32), "
                   "evaluation, prediction and diagnosis: train.eval_precision=...")
 
 
@@ -268,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--context", required=True)
     q.add_argument("--answer", default=None, help="gold answer text (its tokens are marked in bold)")
     q.add_argument("--output-dir", required=True, help="writes attention.png and attention.json")
+    q.add_argument("--device", default="auto", help=DEVICE_HELP.split(";")[0])
 
     p = sub.add_parser("experiment", help="multi-seed method comparisons: run a grid, report it")
     ex = p.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -415,7 +417,8 @@ def _export(args, api) -> None:
 
 
 def _explain(args, api) -> None:
-    res = api.explain_attention(args.model, args.question, args.context, args.output_dir, answer=args.answer)
+    res = api.explain_attention(args.model, args.question, args.context, args.output_dir, answer=args.answer,
+                                device=args.device)
     print(f"answer: {res['answer']!r}; wrote {res['plot']} and attention.json")
 
 
@@ -551,8 +554,8 @@ def main(argv=None) -> int:
     if getattr(args, "device", None) is not None and hasattr(args, "overrides"):  # --device X = train.device=X
         args.overrides = list(args.overrides or []) + [f"train.device={args.device}"]
     if getattr(args, "precision", None) is not None and hasattr(args, "overrides"):
-        if args.command in ("train", "demo"):  # --precision X = train.mixed_precision=X (fp32: accelerate's `no`)
-            override = f"train.mixed_precision={'no' if args.precision == 'fp32' else args.precision}"
+        if args.command in ("train", "demo"):  # --precision X = train.mixed_precision=X, over accelerate's choice
+            override = f"train.mixed_precision={args.precision}"
         else:  # --precision X = train.eval_precision=X
             override = f"train.eval_precision={args.precision}"
         args.overrides = list(args.overrides or []) + [override]

@@ -143,9 +143,11 @@ class TrainConfig:
     save_every: int | None = bounded(None, 1, resumable=True)
     """Also save a resumable checkpoint every N steps (always at each evaluation)."""
     mixed_precision: str = "no"
-    """Training precision, through accelerate's autocast: `no` (fp32), `bf16`, `fp16`, or `auto`:
-    bf16 where the hardware runs it natively (a CPU with AMX-BF16 or AVX512-BF16, a CUDA GPU with
-    bf16), else fp32. The resolved choice and why go in run_info.json. Periodic evaluation during
+    """Training precision, through accelerate's autocast: `fp32`, `bf16`, `fp16`, or `auto`: bf16
+    where the hardware runs it natively (a CPU with AMX-BF16 or AVX512-BF16, a CUDA GPU with bf16),
+    else fp32. `no` (the default) leaves it to accelerate: `accelerate launch --mixed_precision X` or
+    the user's accelerate config (ACCELERATE_MIXED_PRECISION), else fp32; any other value wins over
+    them. The resolved choice, why and who chose it go in run_info.json. Periodic evaluation during
     training runs in the training's precision. Heads, losses and metrics stay fp32."""
     eval_precision: str = field(default="fp32", metadata=marks(neutral="fp32", resumable=True))
     """Precision of evaluation, prediction and diagnosis (`--precision`): `fp32`, `bf16`, `fp16` or
@@ -169,8 +171,15 @@ class TrainConfig:
     data.eval_file); `best/` keeps the best. None: train to the end."""
     device: str = field(default="auto", metadata=marks(hash=False, resumable=True))
     """Where the model runs for training and for evaluation, prediction and diagnosis: `auto` (the
-    GPU when torch sees one, else the CPU), `cpu`, `cuda`, `cuda:N`, `mps`. Not part of the config
-    hash: it does not change what an experiment run is."""
+    GPU when torch sees one, else the CPU), `cpu`, `cuda`, `cuda:N`, `mps`. Under torchrun /
+    `accelerate launch` with several processes each takes the GPU of its LOCAL_RANK, and `cuda:N` is
+    refused. Not part of the config hash: it does not change what an experiment run is."""
+    deterministic: bool = field(default=False, metadata=marks(hash=False, resumable=True))
+    """Deterministic algorithms for the run (torch.use_deterministic_algorithms, cuDNN's deterministic
+    kernels and no benchmarking, cuBLAS's fixed workspace CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset),
+    so that a GPU run repeats bit for bit; each flag is put back when the run ends. Slower on a GPU;
+    an op without a deterministic kernel stops the run naming itself. Recorded in run_info.json.
+    Not part of the config hash: like the device, it changes last bits, not what a run is."""
 
 
 class RunConfig:
@@ -362,7 +371,7 @@ def validate(cfg: RunConfig) -> None:
             "model.position_embedding_type")
     choice(d.on_bad_record, ["error", "skip"], "data.on_bad_record")
     choice(d.train_subset, ["first", "random"], "data.train_subset")
-    choice(t.mixed_precision, ["no", "bf16", "fp16", "auto"], "train.mixed_precision")
+    choice(t.mixed_precision, ["no", "fp32", "bf16", "fp16", "auto"], "train.mixed_precision")
     choice(t.eval_precision, ["fp32", "bf16", "fp16", "auto"], "train.eval_precision")
     check_device_spec(t.device, "train.device")
     t.report_to = check_trackers(t.report_to)

@@ -1,6 +1,8 @@
 """Where a model runs: `train.device` / `--device` (`auto`, `cpu`, `cuda`, `cuda:N`, `mps`)."""
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 
 from .errors import ConfigError
@@ -43,3 +45,94 @@ def describe(device) -> dict:
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
+
+
+def launched() -> int:
+    """The number of processes a launcher started this one with (torchrun and multi-process `accelerate
+    launch` set WORLD_SIZE; a process group already made counts its ranks); 0 when no launcher did (a
+    plain process, or a single-process `accelerate launch`, which sets no WORLD_SIZE)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    try:
+        return max(1, int(os.environ["WORLD_SIZE"]))
+    except (KeyError, ValueError):
+        return 0
+
+
+def check_launch(spec: str, processes: int, key: str = "train.device") -> None:
+    """Under a launcher each process takes the GPU of its LOCAL_RANK (accelerate's rule), so an
+    explicit `cuda:N`, one GPU for every process, is refused rather than silently ignored."""
+    if processes and spec.startswith("cuda:"):
+        raise ConfigError(f"{key} {spec} names one GPU, but this run was started by a launcher (torchrun / "
+                          f"accelerate launch, {processes} process{'es' if processes > 1 else ''}), where each "
+                          f"process trains on the GPU of its LOCAL_RANK: use {key}=cuda or auto, and "
+                          "CUDA_VISIBLE_DEVICES to choose the GPUs")
+
+
+@contextlib.contextmanager
+def current(device):
+    """torch's current CUDA device is `device` (cuda:N) inside the block, and what it was after.
+
+    Everything that says only `cuda` (a kernel library's handle, an allocator, a third party's
+    `torch.device("cuda")`) then lands on GPU N, not GPU 0. `torch.cuda.device` puts the old device
+    back without creating a CUDA context on it, so a process that only ever used GPU N holds no
+    memory on GPU 0. Other devices: nothing to do."""
+    if device.type != "cuda" or device.index is None:
+        yield
+        return
+    import torch
+
+    with torch.cuda.device(device.index):
+        yield
+
+
+@contextlib.contextmanager
+def environ(values: dict):
+    """os.environ with `values` set inside the block (None: unset), each put back after."""
+    old = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# cuBLAS's documented setting for reproducible results (CUDA >= 10.2): a fixed workspace per stream.
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+@contextlib.contextmanager
+def deterministic(on: bool):
+    """`train.deterministic`: inside the block torch uses only deterministic algorithms (an op that has
+    none raises, naming itself), cuDNN picks deterministic kernels and no benchmarked ones, and cuBLAS
+    gets a fixed workspace (CUBLAS_WORKSPACE_CONFIG, when the environment sets none), so that a GPU
+    run repeats bit for bit; after it, every flag and the variable are what they were. Off: nothing.
+
+    cuBLAS reads the variable when it makes a workspace: a process that used cuBLAS before should set
+    it in its environment before starting (torch then refuses the non-deterministic path by name)."""
+    if not on:
+        yield
+        return
+    import torch
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    workspace = {} if os.environ.get("CUBLAS_WORKSPACE_CONFIG") else {"CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}
+    try:
+        with environ(workspace):
+            torch.use_deterministic_algorithms(True)
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+            yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]

@@ -6,11 +6,18 @@ hardware computes it natively (a CPU with AMX-BF16 or AVX512-BF16, a CUDA GPU wi
 since emulated bf16 is slower than fp32. Mixed precision is autocast: the weights stay fp32, the
 encoder's matrix products run in the low precision, and posbias's heads, masks, softmaxes, losses and
 metrics run in fp32 (`QAModel` / `TaggingModel` leave autocast before their heads).
+
+Who decides a training run's precision (`training_precision`): `train.mixed_precision` when it says
+something (`fp32`, `bf16`, `fp16`, `auto`); at `no`, the default, accelerate's choice:
+ACCELERATE_MIXED_PRECISION, which `accelerate launch --mixed_precision X` and the user's accelerate
+config set, else fp32. TF32 matrix products (`torch.backends.cuda.matmul.allow_tf32`,
+`torch.set_float32_matmul_precision`) are left as the user set them.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import ConfigError
@@ -21,10 +28,12 @@ VALUES = ("no", "fp32", "bf16", "fp16", "auto")  # `no` (accelerate's word) = fp
 @dataclass(frozen=True)
 class Precision:
     """What a run computes in: `name` is fp32, bf16 or fp16; `reason` says why (for `auto`, what
-    the hardware has); `requested` is the config's value."""
+    the hardware has); `requested` is the config's value; `source`, for training, who chose it
+    (`train.mixed_precision`, `accelerate`: the launch flag or config, or `default`)."""
     name: str
     reason: str
     requested: str
+    source: str = ""
 
     @property
     def accelerate(self) -> str:
@@ -38,7 +47,8 @@ class Precision:
         return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.name]
 
     def to_dict(self) -> dict:
-        return {"precision": self.name, "requested": self.requested, "reason": self.reason}
+        out = {"precision": self.name, "requested": self.requested, "reason": self.reason}
+        return {**out, "source": self.source} if self.source else out
 
 
 def _cpu_flags() -> set[str]:
@@ -104,6 +114,29 @@ def resolve_precision(spec: str, device, key: str = "train.eval_precision") -> P
     if device.type == "cpu":
         return Precision("fp16", "asked for; CPU fp16 autocast is rarely faster than fp32", spec)
     return Precision("fp16", "asked for", spec)
+
+
+# accelerate's environment variable for its precision: `accelerate launch --mixed_precision X` sets it,
+# from the flag or from the user's accelerate config (`accelerate config`).
+ACCELERATE_ENV = "ACCELERATE_MIXED_PRECISION"
+
+
+def training_precision(spec: str, device, key: str = "train.mixed_precision") -> Precision:
+    """The precision a training run on `device` computes in. `spec` (`train.mixed_precision`) wins
+    when it says something; at `no` (its default) the choice is accelerate's, as in a script
+    that builds `Accelerator()` itself: ACCELERATE_MIXED_PRECISION (the launch flag or config), else
+    fp32. A value of that variable posbias cannot train in (fp8) is an error naming it."""
+    if spec != "no":
+        return replace(resolve_precision(spec, device, key), source=key)
+    chosen = os.environ.get(ACCELERATE_ENV, "").strip().lower()
+    if not chosen:
+        return Precision("fp32", f"default ({key} no, and no accelerate launch flag or config)", spec, "default")
+    if chosen not in ("no", "bf16", "fp16"):
+        raise ConfigError(f"{ACCELERATE_ENV}={chosen} (accelerate launch --mixed_precision, or its config): posbias "
+                          f"trains in no (fp32), bf16 or fp16; set {key} to choose one")
+    resolved = resolve_precision(chosen, device, ACCELERATE_ENV)
+    why = f"accelerate launch flag or config ({ACCELERATE_ENV}={chosen})"
+    return Precision(resolved.name, resolved.reason.replace("asked for", why, 1), spec, "accelerate")
 
 
 def autocast(device, precision: Precision):

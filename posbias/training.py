@@ -64,7 +64,7 @@ from .encoders import WEIGHTS, first_shape_error, weight_shapes
 from .errors import ConfigError, TrainingError, failure_message
 from .limits import load_json
 from .perturb import perturbations_by_mode, training_passes
-from .precision import resolve_precision
+from .precision import training_precision
 from .tasks import get_task
 from .train_state import PLAIN, load_state, save_state
 from .utils import atomic_write_json, atomic_write_text, interactive, now_iso, recover_dir, replace_dir, set_seed, versions
@@ -156,14 +156,40 @@ class _Schedule:
 
 
 def _release_accelerator_state(mixed_precision: str) -> None:
-    """Let a second run in this process use another precision: accelerate keeps one AcceleratorState
-    per process and refuses a new Accelerator with a different `mixed_precision`. The precision part
-    is dropped; the process group (PartialState) is kept."""
+    """Under a launcher, let a second run in this process use another precision: accelerate keeps one
+    AcceleratorState per process and refuses a new Accelerator with a different `mixed_precision`.
+    The precision part is dropped; the process group (PartialState) is kept."""
     from accelerate.state import AcceleratorState
 
     shared = getattr(AcceleratorState, "_shared_state", None)
     if shared and str(shared.get("_mixed_precision", mixed_precision)) != mixed_precision:
         AcceleratorState._reset_state(reset_partial_state=False)
+
+
+def _accelerator(spec: str, device, precision, log_with, out: Path, scope: contextlib.ExitStack) -> Accelerator:
+    """The run's Accelerator on `device` (`spec`: train.device as written).
+
+    accelerate keeps its state per process (PartialState: the device and the process group), so a
+    second `train()` in one process kept the first one's device: CPU after CUDA failed, CUDA after
+    the CPU trained on the CPU, and `cuda:N` was GPU 0 (accelerate is only told "CPU or not"). A run
+    no launcher started gets a fresh state on its own device (accelerate's ACCELERATE_TORCH_DEVICE,
+    set while the Accelerator is made), with torch's current CUDA device set to it until the run
+    ends (`scope`). Under torchrun / `accelerate launch` the process group is kept and each process
+    takes the GPU of its LOCAL_RANK; an explicit `cuda:N` is refused there (`devices.check_launch`)."""
+    from accelerate.state import AcceleratorState
+
+    processes = devices.launched()
+    devices.check_launch(spec, processes)
+    if processes:
+        _release_accelerator_state(precision.accelerate)
+        env = {}
+    else:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        env = {"ACCELERATE_TORCH_DEVICE": None if device.type == "cpu" else str(device)}
+        scope.enter_context(devices.current(device))
+    with devices.environ(env):
+        return Accelerator(mixed_precision=precision.accelerate, cpu=device.type == "cpu", log_with=log_with,
+                           project_dir=str(out / "tracking") if log_with else None)
 
 
 class _RunRecord:
@@ -265,12 +291,14 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     out = Path(cfg.train.output_dir)
     _check_output_dir(out, "train.output_dir")
     # Under torchrun / `accelerate launch` every process trains; the first (RANK 0) writes and locks.
-    with outputs.output_folder(out, "train.output_dir", hold=os.environ.get("RANK", "0") in ("0", "")):
+    # `scope`: what the run sets for itself (the current CUDA device, deterministic algorithms), put back at its end.
+    with outputs.output_folder(out, "train.output_dir", hold=os.environ.get("RANK", "0") in ("0", "")), \
+            contextlib.ExitStack() as scope:
         for name in WRITTEN:
             outputs.no_link(out / name, "train.output_dir")
         record = _RunRecord()
         try:
-            return _train(cfg, resume, overwrite, progress, data, record)
+            return _train(cfg, resume, overwrite, progress, data, record, scope)
         except BaseException as e:
             if isinstance(e, OSError) and e.filename is None:  # e.g. a log line on a full disk: name the run
                 e = OSError(e.errno, e.strerror or str(e), str(cfg.train.output_dir))
@@ -279,9 +307,9 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
 
 
 def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, data: dict | None,
-           record: _RunRecord) -> dict:
+           record: _RunRecord, scope: contextlib.ExitStack) -> dict:
     """The run, stage by stage: set up, train epoch by epoch (evaluating and saving as it goes), finish."""
-    run = _setup(cfg, resume, overwrite, progress, data, record)
+    run = _setup(cfg, resume, overwrite, progress, data, record, scope)
     run.model.train()
     step = run.state["global_step"]
     window = _new_window()
@@ -329,10 +357,10 @@ def _resolve_resume(cfg: RunConfig, resume: str | None, overwrite: bool) -> str 
 
 
 def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, data: dict | None,
-           record: _RunRecord) -> _Run:
+           record: _RunRecord, scope: contextlib.ExitStack) -> _Run:
     """Everything before the first step: the checks, the accelerator, data -> features, the model,
     optimizer and schedule, the resumed state, and the output folder made ready (run_info.json
-    `running`, from which point `record` owns the run)."""
+    `running`, from which point `record` owns the run). What the run sets for itself goes on `scope`."""
     t, d = cfg.train, cfg.data
     out = Path(t.output_dir)
     resume = _resolve_resume(cfg, resume, overwrite)
@@ -343,14 +371,14 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
     # Without CUDA, accelerate only joins a torchrun/`accelerate launch` process group when told cpu=True.
     device = devices.resolve_device(t.device)
     log_with = _trackers(t.report_to)
-    precision = resolve_precision(t.mixed_precision, device, "train.mixed_precision")
-    _release_accelerator_state(precision.accelerate)
-    acc = Accelerator(mixed_precision=precision.accelerate, cpu=device.type == "cpu", log_with=log_with,
-                      project_dir=str(out / "tracking") if log_with else None)
+    precision = training_precision(t.mixed_precision, device)  # the option, else accelerate's launch flag/config
+    scope.enter_context(devices.deterministic(t.deterministic))
+    acc = _accelerator(t.device, device, precision, log_with, out, scope)
     main = record.main = acc.is_main_process
-    if resume is not None:  # past the argument checks, this attempt continues the run: it owns it from here
-        record.path = out / "run_info.json"
-    if main and progress and t.mixed_precision != "no":
+    if resume is not None:
+        _check_world_size(Path(resume), acc.num_processes)  # refused before the run is touched
+        record.path = out / "run_info.json"  # past the checks, this attempt continues the run: it owns it from here
+    if main and progress and (t.mixed_precision != "no" or precision.source == "accelerate"):
         print(f"posbias: training in {precision.name} ({precision.reason})", file=sys.stderr, flush=True)
     set_seed(t.seed)
     started = time.time()
@@ -387,7 +415,8 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
     raw_model = acc.unwrap_model(model)
 
     # ---- resumed state
-    state = {"global_step": 0, "best_metric": None, "best_step": None, "train_seconds": 0.0}
+    state = {"global_step": 0, "best_metric": None, "best_step": None, "train_seconds": 0.0,
+             "world_size": acc.num_processes}
     # §2.3 pilot of the Random Padding paper: how often each position embedding gets a gradient.
     updates = PositionUpdateCounter(getattr(raw_model.encoder.config, "max_position_embeddings", None)
                                     or d.max_seq_len, processes=acc.num_processes)
@@ -405,7 +434,7 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
         "steps_per_epoch": sched.steps_per_epoch, "total_steps": total_steps,
         "resumed_from": resume, "resumed_at_step": state["global_step"] if resume else None,
         "hardware": devices.describe(acc.device), "mixed_precision": t.mixed_precision,
-        "precision": precision.to_dict(),
+        "precision": precision.to_dict(), "deterministic": t.deterministic,
     }
     run = _Run(cfg=cfg, out=out, last_dir=out / "checkpoints" / "last", progress=progress, acc=acc, main=main,
                log_with=log_with, task=task, tokenizer=tokenizer, examples=examples, feats=feats, lengths=lengths,
@@ -650,7 +679,7 @@ def _diverged(out: Path, step: int, value, last_dir: Path) -> None:
 _TRAINER_STATE = {"global_step": (int,), "best_metric": (int, float, type(None)), "best_step": (int, type(None)),
                   "train_seconds": (int, float), "metric_name": (str, type(None)),
                   "evals_without_improvement": (int,), "stopped_early": (int, type(None)),
-                  "position_updates": (dict, type(None))}
+                  "position_updates": (dict, type(None)), "world_size": (int,)}
 
 
 def _read_trainer_state(file: Path) -> dict:
@@ -718,6 +747,21 @@ def batch_generator(seed: int, epoch: int, batch: int) -> torch.Generator:
     what the uninterrupted one drew."""
     key = np.random.SeedSequence([seed, epoch, batch]).generate_state(2, np.uint32)
     return torch.Generator().manual_seed(int(key[0]) << 32 | int(key[1]))
+
+
+def _check_world_size(ckpt: Path, world: int) -> None:
+    """Refuse to resume checkpoint `ckpt` with `world` processes when another number saved it: the
+    batches each step takes, the schedule's length and the per-process random states depend on it.
+    Checkpoints from before trainer_state.json had `world_size` tell it by their per-process random
+    states."""
+    saved = _read_trainer_state(ckpt / "trainer_state.json").get("world_size")
+    if saved is None:
+        rng = load_state(ckpt).get("rng")
+        saved = len(rng) if isinstance(rng, list) else world  # a damaged state is _load_resume's to name
+    if saved != world:
+        raise ConfigError(f"cannot resume from {ckpt}: it was saved by {saved} process{'es' if saved != 1 else ''} "
+                          f"and this run has {world}; resume with {saved} (the batch order, the learning-rate "
+                          "schedule and each process's random state depend on it)")
 
 
 def passes_loss(model, passes: list[dict], targets) -> torch.Tensor:

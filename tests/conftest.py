@@ -17,7 +17,8 @@ from helpers import DEMO_DEV, TINY_ENCODER, tiny_config  # noqa: E402
 
 # The `device` fixture and the rule keeping every other test on the CPU on a GPU box (tiny_config's
 # train.device, run_cli's CUDA_VISIBLE_DEVICES and `auto` = cpu in this process): see that module.
-from helpers.devices import auto_device_is_cpu, device  # noqa: E402, F401
+# Also ACCELERATE_MIXED_PRECISION unset (the default training precision would follow it).
+from helpers.devices import accelerate_precision_unset, auto_device_is_cpu, device  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")

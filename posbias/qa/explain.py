@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import devices  # called as devices.resolve_device: the tests' CPU rule replaces it there
+from ..batching import move
 from ..render import plot_text, pyplot
 from ..checkpoint import load_checkpoint
 from ..errors import ConfigError
@@ -32,12 +34,13 @@ def query_attention(model, batch: dict) -> np.ndarray:
     previous = encoder.config._attn_implementation
     encoder.set_attn_implementation("eager")  # sdpa returns no attention probabilities
     try:
+        batch = move(batch, next(model.parameters()).device)
         kwargs = model.head.encoder_kwargs(encoder, model._inputs, batch)
         with torch.inference_mode():
             att = torch.stack(encoder(**kwargs, output_attentions=True).attentions)  # (L, b, H, S, S)
     finally:
         encoder.set_attn_implementation(previous)
-    return att[:, 0].amax(dim=(0, 1))[:2].float().numpy()  # (2, S)
+    return att[:, 0].amax(dim=(0, 1))[:2].float().cpu().numpy()  # (2, S)
 
 
 def _answer_tokens(offsets: np.ndarray, start: int, end: int) -> list[int]:
@@ -45,15 +48,17 @@ def _answer_tokens(offsets: np.ndarray, start: int, end: int) -> list[int]:
     return [i for i, (a, b) in enumerate(offsets.tolist()) if a >= 0 and a < end and b > start]
 
 
-def explain_attention(model_path, question: str, context: str, out_dir, answer: str | None = None) -> dict:
-    """Write attention.png and attention.json to `out_dir`; returns what the JSON holds."""
+def explain_attention(model_path, question: str, context: str, out_dir, answer: str | None = None,
+                      device: str = "auto") -> dict:
+    """Write attention.png and attention.json to `out_dir`; returns what the JSON holds. The model
+    runs on `device` (`--device`: auto, cpu, cuda, cuda:N, mps)."""
     if not question.strip() or not context.strip():
         raise ConfigError("question and context must be non-empty")
     model, tokenizer, mcfg = load_checkpoint(model_path, task="qa")
     if model.head_name != "dynamic_query":
         raise ConfigError(f"{model_path}: head {model.head_name!r} has no queries to explain; "
                           "`explain attention` needs a dynamic_query (DyReF) checkpoint")
-    model.eval()
+    model.to(devices.resolve_device(device, "--device")).eval()
     result = example_attention(model, tokenizer, mcfg, question, context, answer)
     with output_folder(out_dir, "explain --output-dir") as out:  # new, empty or ours; one writer
         png = out / "attention.png"

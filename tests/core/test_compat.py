@@ -241,7 +241,8 @@ def test_experiment_run_still_skips_the_archived_finished_runs():
 def test_the_marks_declare_what_the_old_tables_listed():
     """HASH_NEUTRAL_DEFAULTS, SAVED_BEFORE_KEY's hash part, the pops in RunConfig.hash(),
     QAConfig.to_dict's dropped keys and training's RESUMABLE_CHANGES, now the fields' marks."""
-    train_never = {"train.output_dir", "train.device", "train.report_to", "train.eval_batch_tokens"}
+    train_never = {"train.output_dir", "train.device", "train.report_to", "train.eval_batch_tokens",
+                   "train.deterministic"}
     later = {"data.train_subset": "first", "train.early_stopping_patience": None, "train.eval_precision": "fp32",
              "data.perturb_default_mode": "replace"}
     assert compat.not_hashed(QAConfig) == compat.not_hashed(TaggingConfig) == train_never
@@ -250,7 +251,7 @@ def test_the_marks_declare_what_the_old_tables_listed():
     assert compat.hash_neutral(TaggingConfig) == later | {"data.label_map": None, "data.tags_column": None,
                                                           "data.length_pool_files": None, "data.length_pool": "split"}
     resumable = {"epochs", "max_steps", "eval_every", "log_every", "save_every", "output_dir", "eval_precision",
-                 "num_threads", "eval_batch_size", "eval_batch_tokens", "device", "report_to"}
+                 "num_threads", "eval_batch_size", "eval_batch_tokens", "device", "report_to", "deterministic"}
     assert compat.resumable_keys(QAConfig) == compat.resumable_keys(TaggingConfig) == {f"train.{k}" for k in resumable}
 
 

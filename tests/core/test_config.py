@@ -81,7 +81,7 @@ def test_a_key_at_its_neutral_default_leaves_the_hash_unchanged():
     # reports) and later keys at their neutral defaults.
     del d["config_version"]
     for key in ("output_dir", "device", "report_to", "early_stopping_patience", "eval_batch_tokens",
-                "eval_precision"):
+                "eval_precision", "deterministic"):
         d["train"].pop(key, None)
     d["model"].pop("softmax_over_default")  # `context` for every head but DyReF: the value saved configs read
     d["data"].pop("perturb_default_mode")  # left out of the hash when there are no perturbations

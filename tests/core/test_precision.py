@@ -624,7 +624,7 @@ def test_eval_precision_is_hash_neutral_at_fp32_only():
     del d["train"]["eval_precision"]
     del d["data"]["train_subset"]  # as in test_config: the other keys at neutral defaults
     del d["config_version"]
-    for key in ("output_dir", "device", "report_to", "early_stopping_patience", "eval_batch_tokens"):
+    for key in ("output_dir", "device", "report_to", "early_stopping_patience", "eval_batch_tokens", "deterministic"):
         d["train"].pop(key, None)
     d["model"].pop("softmax_over_default")
     d["data"].pop("perturb_default_mode")

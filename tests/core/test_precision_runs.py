@@ -34,7 +34,8 @@ def test_training_records_the_resolved_precision(tmp_path, monkeypatch):
         cfg = tiny_config(out, train={"max_steps": 1, "mixed_precision": "auto"}, data={"eval_file": None})
         posbias.train(build_config(cfg), progress=False)
         info = _info(out / "run")
-        assert info["precision"] == {"precision": expect, "requested": "auto", "reason": f"auto: native={native}"}
+        assert info["precision"] == {"precision": expect, "requested": "auto", "reason": f"auto: native={native}",
+                                     "source": "train.mixed_precision"}
         assert info["mixed_precision"] == "auto"
 
 
@@ -61,7 +62,8 @@ def test_bf16_training_is_finite_and_learns(tmp_path, monkeypatch):
 
 def test_precision_flag_reaches_every_command(trained, tmp_path, capsys):
     """--precision bf16 on evaluate/predict/diagnose sets train.eval_precision (recorded with the
-    outputs, announced once on stderr); --precision fp32 on train sets train.mixed_precision=no."""
+    outputs, announced once on stderr); --precision fp32 on train sets train.mixed_precision=fp32 (an
+    explicit fp32, over accelerate's launch flag or config)."""
     common = ["--model", str(trained), "--data", DEMO_DEV, "data.max_eval_examples=6", "--precision", "bf16"]
     for cmd in ("evaluate", "predict", "diagnose"):
         assert main([cmd, "qa", *common, "--output-dir", str(tmp_path / cmd)]) == 0
@@ -73,7 +75,7 @@ def test_precision_flag_reaches_every_command(trained, tmp_path, capsys):
     cfg.write_text(json.dumps(tiny_config(tmp_path / "t", train={"max_steps": 1})), encoding="utf-8")
     assert main(["train", "qa", "-c", str(cfg), "--precision", "fp32"]) == 0
     info = _info(tmp_path / "t" / "run")
-    assert info["mixed_precision"] == "no" and info["precision"]["precision"] == "fp32"
+    assert info["mixed_precision"] == "fp32" and info["precision"]["precision"] == "fp32"
 
 
 def test_bad_precision_is_a_one_line_error(trained, capsys):
@@ -107,3 +109,60 @@ def test_bf16_evaluation_scores_as_fp32(trained, tmp_path, monkeypatch):
     p32 = json.loads((tmp_path / "fp32" / "predictions.json").read_text())
     p16 = json.loads((tmp_path / "bf16" / "predictions.json").read_text())
     assert p32.keys() == p16.keys() and sum(p32[q] != p16[q] for q in p32) <= 4
+
+
+def _encoder_autocast(monkeypatch) -> list:
+    """(autocast on, its dtype) on the CPU at each encoder call of the runs that follow."""
+    import posbias.encoders
+
+    seen, real = [], posbias.encoders.EncoderInputs.__call__
+
+    def recording(self, encoder, batch):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return real(self, encoder, batch)
+
+    monkeypatch.setattr(posbias.encoders.EncoderInputs, "__call__", recording)
+    return seen
+
+
+def test_accelerate_launch_precision_wins_over_the_default(tmp_path, monkeypatch):
+    """`accelerate launch --mixed_precision bf16` (or the accelerate config) sets
+    ACCELERATE_MIXED_PRECISION: a run that leaves train.mixed_precision at its default trains in bf16,
+    and run_info.json says accelerate chose it. Before, posbias's default fp32 was passed to
+    accelerate and silently overrode the user's choice."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    seen = _encoder_autocast(monkeypatch)
+    posbias.train(build_config(tiny_config(tmp_path, train={"max_steps": 1}, data={"eval_file": None})),
+                  progress=False)
+    assert seen and set(seen) == {(True, torch.bfloat16)}
+    info = _info(tmp_path / "run")
+    assert info["precision"]["precision"] == "bf16" and info["precision"]["source"] == "accelerate", info["precision"]
+    assert "ACCELERATE_MIXED_PRECISION=bf16" in info["precision"]["reason"]
+
+
+@pytest.mark.parametrize("option", ["train.mixed_precision=fp32", "--precision fp32", "--precision auto"])
+def test_an_explicit_precision_wins_over_accelerates(option, tmp_path, monkeypatch):
+    """train.mixed_precision / --precision set: posbias's option wins over ACCELERATE_MIXED_PRECISION."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.setattr(posbias.precision, "native_bf16", lambda device: (False, "no native bf16"))
+    seen = _encoder_autocast(monkeypatch)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps(tiny_config(tmp_path, train={"max_steps": 1}, data={"eval_file": None})),
+                   encoding="utf-8")
+    assert main(["train", "qa", "-c", str(cfg), *option.split()]) == 0
+    assert seen and set(seen) == {(False, torch.get_autocast_dtype("cpu"))}
+    info = _info(tmp_path / "run")
+    assert info["precision"]["precision"] == "fp32" and info["precision"]["source"] == "train.mixed_precision"
+
+
+def test_without_either_the_default_is_fp32_and_fp8_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    posbias.train(build_config(tiny_config(tmp_path, train={"max_steps": 1}, data={"eval_file": None})),
+                  progress=False)
+    assert _info(tmp_path / "run")["precision"]["source"] == "default"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps(tiny_config(tmp_path / "b", train={"max_steps": 1})), encoding="utf-8")
+    assert main(["train", "qa", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ACCELERATE_MIXED_PRECISION=fp8" in err and "train.mixed_precision" in err, err

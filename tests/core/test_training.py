@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -75,3 +76,139 @@ def test_resume_on_a_gpu_restores_the_device_generator_and_the_loss_scaler(tmp_p
 def test_a_cpu_checkpoint_has_no_device_generator(tmp_path, monkeypatch):
     state = load_state(_save(tmp_path, monkeypatch, "cpu"))
     assert "cuda" not in state["rng"][0] and "scaler" not in state
+
+
+# ---- resuming with another number of processes
+
+
+def test_resume_with_another_number_of_processes_is_refused(tmp_path, monkeypatch, capsys):
+    """A checkpoint saved by one process, resumed by a run that has two: one line naming both sizes.
+    Before, rank 0 took the one saved RNG state and the run went on with another batch order and
+    another schedule length (with fewer processes than saved: an IndexError)."""
+    from accelerate import Accelerator
+
+    import posbias
+    from posbias.cli import main
+    from posbias.config import build_config
+
+    from helpers import tiny_config
+
+    d = tiny_config(tmp_path, train={"max_steps": 2, "save_every": 1}, data={"eval_file": None})
+    posbias.train(build_config(d), progress=False)
+    assert training._read_trainer_state(tmp_path / "run" / "checkpoints" / "last" / "trainer_state.json")[
+        "world_size"] == 1
+
+    class TwoProcesses(Accelerator):  # as if started by torchrun --nproc_per_node 2 (this is rank 0)
+        num_processes = 2
+
+    monkeypatch.setattr(training, "Accelerator", TwoProcesses)
+    cfg = tmp_path / "c.yaml"
+    d["train"]["max_steps"] = 4
+    cfg.write_text(__import__("json").dumps(d), encoding="utf-8")
+    assert main(["train", "qa", "-c", str(cfg), "--resume", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "saved by 1 process and this run has 2; resume with 1" in err, err
+
+
+def test_a_checkpoint_from_before_the_world_size_key_is_checked_by_its_random_states(tmp_path, monkeypatch):
+    """Checkpoints written before trainer_state.json had world_size: the number of saved per-process
+    random states tells (here 1, resumed by 2)."""
+    from posbias.errors import ConfigError
+
+    last = _save(tmp_path, monkeypatch, "cpu")
+    with pytest.raises(ConfigError, match="saved by 1 process and this run has 2"):
+        training._check_world_size(last, 2)
+    training._check_world_size(last, 1)
+
+
+# ---- train.deterministic
+
+
+def test_deterministic_runs_set_the_flags_for_the_run_only_and_repeat_bit_for_bit(tmp_path, monkeypatch):
+    """train.deterministic: during the run torch's deterministic algorithms, cuDNN's deterministic
+    kernels without benchmarking and cuBLAS's fixed workspace are on; after it every flag and the
+    variable are back as they were; two runs end with the same weights, bit for bit; run_info.json
+    records it."""
+    import json
+
+    from safetensors.torch import load_file
+
+    import posbias
+    from posbias.config import build_config
+
+    from helpers import tiny_config
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    flags = lambda: (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,  # noqa: E731
+                     torch.backends.cudnn.benchmark, __import__("os").environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    before = flags()
+    assert before[0] is False
+    seen, real = [], training.passes_loss
+
+    def recording(*a, **k):
+        seen.append(flags())
+        return real(*a, **k)
+
+    monkeypatch.setattr(training, "passes_loss", recording)
+    for name in ("a", "b"):
+        d = tiny_config(tmp_path / name, train={"max_steps": 3, "deterministic": True}, data={"eval_file": None})
+        posbias.train(build_config(d), progress=False)
+        assert flags() == before
+    assert seen and set(seen) == {(True, True, False, ":4096:8")}
+    info = json.loads((tmp_path / "a" / "run" / "run_info.json").read_text(encoding="utf-8"))
+    assert info["deterministic"] is True
+    a = load_file(str(tmp_path / "a" / "run" / "best" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "run" / "best" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert build_config(d).hash() == build_config(d, ["train.deterministic=false"]).hash()  # not part of the hash
+
+
+@pytest.mark.slow
+def test_a_one_process_checkpoint_resumed_by_torchrun_with_two_is_refused(tmp_path):
+    """The real thing: `torchrun --nproc_per_node 2 ... --resume auto` on a one-process run's
+    checkpoint fails with the one line, and leaves the run as it was (finished at step 2)."""
+    import json
+    import os
+    import socket
+    import subprocess
+
+    import posbias
+    from posbias.config import build_config
+
+    from helpers import BIN, tiny_config
+
+    d = tiny_config(tmp_path, train={"max_steps": 2, "save_every": 1}, data={"eval_file": None})
+    posbias.train(build_config(d), progress=False)
+    d["train"]["max_steps"] = 4
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(d), encoding="utf-8")
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port), "-m", "posbias",
+                        "train", "qa", "-c", str(path), "--resume", "auto"], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, timeout=600)
+    assert r.returncode != 0
+    assert "saved by 1 process and this run has 2; resume with 1" in r.stderr, r.stderr[-3000:]
+    info = json.loads((tmp_path / "run" / "run_info.json").read_text(encoding="utf-8"))
+    assert info["status"] == "finished" and info["summary"]["steps"] == 2
+
+
+def test_deterministic_runs_repeat_bit_for_bit_on_device(device, tmp_path):
+    """train.deterministic on the `device` fixture's device (the cuda case: `make gpu-check`): two
+    runs with dropout end with equal weights, bit for bit, and the flags are off again after."""
+    from safetensors.torch import load_file
+
+    import posbias
+    from posbias.config import build_config
+
+    from helpers import tiny_config
+
+    for name in ("a", "b"):
+        d = tiny_config(tmp_path / name, train={"max_steps": 3, "deterministic": True, "device": device},
+                        data={"eval_file": None})
+        posbias.train(build_config(d), progress=False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    a = load_file(str(tmp_path / "a" / "run" / "best" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "run" / "best" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -48,3 +48,11 @@ def auto_device_is_cpu(request, monkeypatch):
 
     monkeypatch.setattr(posbias.devices, "resolve_device", resolve_device)
     yield
+
+
+@pytest.fixture(autouse=True)
+def accelerate_precision_unset(monkeypatch):
+    """Training's default precision is accelerate's launch flag or config (ACCELERATE_MIXED_PRECISION,
+    `posbias.precision.training_precision`), else fp32: unset here, so that a shell or GPU box that
+    sets it does not change what the tests expect. A test about it sets it itself."""
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
