@@ -32,7 +32,10 @@ class TaggingDataConfig(DataConfig, defaults={"max_seq_len": 256, "stride": 64})
     there. Per-word labels (POS, scheme none) are left as they are."""
     label_subtokens: str = "first"
     """`first`: a word's label sits on its first sub-token (the others carry no loss), and its
-    prediction is read there; `all`: continuation sub-tokens are trained too (B-X -> I-X on them)."""
+    prediction is read there; `all`: continuation sub-tokens are trained too (B-X -> I-X on them);
+    `copy`: they are trained on the word's label as it is (`S-PER S-PER`), the token-positional-bias
+    authors' `label_all_tokens`. The word's prediction is always read at its first sub-token; with
+    `copy` the authors' sub-token F1 reads each sub-token's own (`f1_seqeval_subtoken`)."""
     length_quantiles: list | None = None  # checked whole in validate (a pair in [0, 1])
     """D* of the token-positional-bias paper (§3.2): `[0.25, 0.75]` (the paper's Q1, Q3; the authors'
     code used `[0.15, 0.75]`) keeps only the sentences whose word length lies between these
@@ -89,7 +92,7 @@ class TaggingConfig(RunConfig):
         if d.label_scheme == "iobes":  # seqeval's name for BIOES
             d.label_scheme = "bioes"
         choice(d.label_scheme, ["auto", "iob2", "bioes"], "data.label_scheme")
-        choice(d.label_subtokens, ["first", "all"], "data.label_subtokens")
+        choice(d.label_subtokens, ["first", "all", "copy"], "data.label_subtokens")
         if d.length_quantiles is not None:
             q = d.length_quantiles
             if (len(q) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in q)

@@ -20,6 +20,7 @@ from ..render import Document, md_escape, plot_text, pyplot, short_name
 from ..utils import atomic_write_json
 from .duplicated import MODES, length_subset, position_eval, sentence_counts
 from .evaluate import align_labels
+from .features import learns_word_labels
 from .inputs import length_pool, read_for
 from .stats import class_positions, plot_class_positions, plot_length_density
 
@@ -28,13 +29,13 @@ _NAMES = {"f1": "F1", "precision": "Prec", "recall": "Rec", "accuracy": "Acc", "
 
 
 def _keys(result: dict) -> list[str]:
-    """The metrics a result's tables and curves show: POS accuracy, macro F1, the authors' sub-token
-    F1 (results from before it existed lack it) and consistency; NER F1, precision, recall, consistency."""
-    if result["scheme"] != "none":
-        return ["f1", "precision", "recall", "consistency"]
+    """The metrics a result's tables and curves show: NER F1, precision, recall; POS accuracy, macro
+    F1; then the authors' sub-token F1 (results from before it existed lack it) and consistency."""
     dup = result.get("duplicate") or result.get("shift") or {}
-    sub = any("f1_seqeval_subtoken" in c for c in dup.get("cells", [])[:1])
-    return ["accuracy", "macro_f1"] + (["f1_seqeval_subtoken"] if sub else []) + ["consistency"]
+    sub = ["f1_seqeval_subtoken"] if any("f1_seqeval_subtoken" in c for c in dup.get("cells", [])[:1]) else []
+    if result["scheme"] != "none":
+        return ["f1", "precision", "recall"] + sub + ["consistency"]
+    return ["accuracy", "macro_f1"] + sub + ["consistency"]
 
 
 def _fmt(mean, std=None) -> str:
@@ -63,7 +64,8 @@ def _alpha_curve(ax, by_alpha: list[dict], key: str, ci: list | None, style: dic
     if ci and len(ci) == len(by_alpha):
         lo = np.array([ci[r["alpha"] - 1][0] for r in rows])
         hi = np.array([ci[r["alpha"] - 1][1] for r in rows])
-        ax.errorbar(a, m, yerr=[m - lo, hi - m], label=f"{label} (95% CI)", **style)
+        # clipped at 0: a constant metric's interval can miss its mean by a rounding (99.99999999999999)
+        ax.errorbar(a, m, yerr=[np.maximum(m - lo, 0), np.maximum(hi - m, 0)], label=f"{label} (95% CI)", **style)
         return
     style = {k: v for k, v in style.items() if k != "capsize"}
     if std_band:
@@ -76,7 +78,7 @@ def _alpha_curve(ax, by_alpha: list[dict], key: str, ci: list | None, style: dic
 
 def plot_position_curves(result: dict, path: Path, title: str) -> Path:
     """The paper's Fig. 7 for one model: the main metric, precision and recall (POS: accuracy, macro
-    F1, the authors' sub-token F1) and consistency against α. Duplicate mode: the mean over k >= α
+    F1), the authors' sub-token F1 and consistency against α. Duplicate mode: the mean over k >= α
     with its 95% bootstrap interval over sentences as error bars (ratio metrics; the others show
     ± sample std over k >= α as a band, said in the legend), each k as a thin line; shift mode
     dashed, with its interval where there is one. The main metric's panel says the verdict's
@@ -330,10 +332,16 @@ def _intro(result: dict, esc) -> list[str]:
         "Shift mode feeds one copy whose position ids start where copy α would (no repeated context).",
     ]
     if "f1_seqeval_subtoken" in _keys(result):
-        intro.append("Sub-token F1 is the paper's POS \"F1\" as the authors' code computes it: seqeval's default "
-                     "mode over sub-token label sequences (each word's tag on all its sub-tokens), from "
-                     + ("each sub-token's own prediction." if result.get("subtoken_predictions") == "own" else
-                        "each word's prediction (the model was trained on first sub-tokens)."))
+        ner = result["scheme"] != "none"
+        labels = (f"each word's label in the model's scheme ({result.get('subtoken_scheme', result['scheme']).upper()})"
+                  if ner else "each word's tag")
+        intro.append(f"Sub-token F1 is the paper's {'NER' if ner else 'POS'} \"F1\" as the authors' code computes "
+                     f"it: seqeval's default (lenient) mode, micro F1, over sub-token label sequences ({labels} on "
+                     "all its sub-tokens), from "
+                     + ("each sub-token's own prediction (the model learned its word's label there)."
+                        if result.get("subtoken_predictions") == "own" else
+                        "each word's prediction (the model was not trained on its word's label at every sub-token).")
+                     + (f" {metric} is strict seqeval over words, in the data's scheme." if ner else ""))
     if "skipped" in (result.get("shift") or {}):
         intro.append(f"Shift mode skipped: {esc(result['shift']['skipped'])}.")
     t = result["timing"]
@@ -361,7 +369,8 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
         pool = length_pool(cfg) if quantiles else None
         result = position_eval(net, tokenizer, ds, k_max=k_max, quantiles=tuple(quantiles) if quantiles else None,
                                modes=tuple(modes), max_len=max_len, batch_tokens=batch_tokens, progress=progress,
-                               length_pool=pool, own_subtokens=cfg.data.label_subtokens == "all", keep_counts=True)
+                               length_pool=pool, own_subtokens=learns_word_labels(cfg.data.label_subtokens, net.scheme),
+                               keep_counts=True)
         result["model"] = str(model)
         result["data_name"] = str(data) if isinstance(data, (str, Path)) else ds.path
         lengths = np.array([len(e.words) for e in ds.examples])

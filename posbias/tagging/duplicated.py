@@ -15,8 +15,11 @@ al., "Impact of Position Bias on Language Models in Token Classification", §3.2
   without repeating the context, which separates "position" from "repeated context".
 * Consistency(α): of the entities (POS: words) predicted right in copy 1, the share also right in
   copy α of the same input (computed at α = 1 too: 100, or undefined when copy 1 gets nothing right).
-* POS also gets the authors' "F1" (seqeval's default mode over sub-tokens,
-  `metrics.seqeval_subtoken_f1`) beside accuracy in every cell.
+* Every cell also gets the authors' "F1" (seqeval's default, lenient mode over sub-token label
+  sequences, `metrics.seqeval_subtoken_f1`) beside the strict word-level F1 (POS: accuracy): each
+  word's label, in the model's own scheme (IOBES for their CoNLL runs), copied to its sub-tokens,
+  against each sub-token's own prediction for a model that learned those labels
+  (`data.label_subtokens: copy`, their `label_all_tokens`), else its word's prediction copied.
 
 Token ids are never re-tokenized per k: each sentence is tokenized once and its ids duplicated.
 All (k, sentence) inputs are batched together, longest first, under a token budget per batch.
@@ -237,10 +240,11 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
                   batch_tokens: int = 16_384, progress: bool = True,
                   length_pool: tuple[np.ndarray, list[str]] | None = None, own_subtokens: bool = False,
                   keep_counts: bool = False) -> dict:
-    """F1(α), Prec(α), Rec(α) (POS: accuracy(α) and the authors' sub-token F1(α)) of `model` on
+    """F1(α), Prec(α), Rec(α) (POS: accuracy(α)) and the authors' sub-token F1(α) of `model` on
     D*_test(k), k = 1..k_max, overall and per class, in `duplicate` and/or `shift` mode (module
     docstring); returns a JSON-able dict. Entities are scored in the data's own scheme (a BIOES
-    model's predictions of an IOB2 file mapped back, `metrics.scoring_schemes`).
+    model's predictions of an IOB2 file mapped back, `metrics.scoring_schemes`); the sub-token F1
+    in the model's (`subtoken_scheme`).
 
     Args:
         model: a TaggerModel (posbias checkpoint or imported Hugging Face folder), in eval mode or not.
@@ -249,8 +253,9 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
         batch_tokens: padded tokens per forward batch (memory bound).
         length_pool: (sentence lengths, their files) the D* bounds are quantiles of (`length_subset`);
             None: the test split's own.
-        own_subtokens: POS sub-token F1 from each sub-token's own prediction (a model trained on
-            every sub-token, as the authors'); else each word's prediction on all its sub-tokens.
+        own_subtokens: the sub-token F1 from each sub-token's own prediction (a model that learned
+            its word's label on every sub-token, as the authors': `features.learns_word_labels`);
+            else each word's prediction on all its sub-tokens.
         keep_counts: also keep, per mode, the per-sentence counts of the ratio metrics (NumPy, not
             JSON; `sentence_counts` takes them out) for intervals over sentences.
     """
@@ -271,6 +276,9 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
     t0 = time.perf_counter()
     subset, info = length_subset(dataset.examples, quantiles, pool=length_pool)
     labels = np.array(net.labels, dtype=object)
+    # The sub-token F1 reads the model's labels as they are: gold in the model's scheme.
+    model_tags = [e.tags if dataset.scheme == scheme else convert(e.tags, dataset.scheme, scheme) for e in subset]
+    model_labels = labels
     if scheme != "none":  # gold in the scoring scheme, the model's labels mapped to it
 
         scored = M.scoring_schemes(dataset.file_scheme, scheme)
@@ -291,14 +299,16 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
                           "tokens; lower k_max or raise max_len")
     inputs = inputs.select(fits)
     gold = [subset[i].tags for i in fits]
-    subtokens = scheme == "none"
-    scorer = _Scorer(gold, scheme, labels, inputs.word_counts() if subtokens else None, own_subtokens)
+    sub = _SubtokenGold.of([model_tags[i] for i in fits], inputs.word_counts(), model_labels, net.scheme,
+                           own_subtokens)
+    scorer = _Scorer(gold, scheme, labels, sub)
     device = next(iter([*net.parameters(), *net.buffers()]), torch.empty(0)).device
     result = {"data": dataset.path, "scheme": scheme, "metric": scorer.key, "subset": info}
     if scheme != net.scheme:
         result["label_scheme"] = net.scheme  # the model's labels, mapped back for scoring
-    if subtokens:
-        result["subtoken_predictions"] = "own" if own_subtokens else "word"
+    result["subtoken_predictions"] = "own" if own_subtokens else "word"
+    if net.scheme != "none":
+        result["subtoken_scheme"] = net.scheme
     tokens_run = 0
     was_training = net.training
     net.eval()
@@ -314,7 +324,7 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
                                                   getattr(net, "position_pad", 0)))
             tokens_run += int(rows.length.sum())
             preds, sub_preds = _predict_rows(net, rows, build, device, batch_tokens, tokenizer.pad_token_id, progress,
-                                             f"{mode} k<= {k_max}", subtokens=subtokens)
+                                             f"{mode} k<= {k_max}", subtokens=own_subtokens)
             cells = scorer.cells(mode, rows, preds, k_max, sub_preds)
             # shift: one cell per α (its value does not depend on k), so it has no std over k
             result[mode] = {"cells": cells, "by_alpha": _by_alpha(cells, k_max, scorer.keys, scorer.classes, "f1")}
@@ -397,29 +407,51 @@ class _Inputs:
         return rows, build
 
 
+@dataclass
+class _SubtokenGold:
+    """What each cell's authors' sub-token F1 scores against (`metrics.seqeval_subtoken_f1`)."""
+
+    counts: list[np.ndarray]  # per sentence (W_i,) sub-tokens of each word
+    labels: np.ndarray  # the model's label names as it learned them (not mapped for scoring)
+    scheme: str  # theirs: the model's scheme
+    own: bool  # each sub-token's own prediction, else its word's copied
+    gold: list[list[str]]  # per sentence the word labels in `scheme` copied to each sub-token
+    chunks: M.Chunks | None  # NER: the gold's lenient chunks, computed once
+
+    @classmethod
+    def of(cls, word_tags, counts, labels, scheme: str, own: bool) -> "_SubtokenGold":
+        gold = M.subtoken_sequences(word_tags, counts)
+        return cls(counts, labels, scheme, own, gold, M.lenient_chunks(gold) if scheme != "none" else None)
+
+    def f1(self, word_ids: list[np.ndarray], subtoken_ids: list[np.ndarray] | None) -> float:
+        """From per sentence (W_i,) predicted label ids of its words, or with `own` (L_i,) of its sub-tokens."""
+        pred = ([list(self.labels[x]) for x in subtoken_ids] if self.own
+                else M.subtoken_sequences([list(self.labels[x]) for x in word_ids], self.counts))
+        if self.chunks is None:
+            return M.seqeval_subtoken_f1(self.gold, pred)
+        return M.lenient_scores(self.gold, pred, self.chunks)["f1"]
+
+
 class _Scorer:
     """Scores each (k, α) cell of a mode against the gold tags (entities computed once)."""
 
-    def __init__(self, gold: list[list[str]], scheme: str, labels: np.ndarray,
-                 word_counts: list[np.ndarray] | None = None, own_subtokens: bool = False):
-        """`labels`: the model's label names in the scoring scheme; `word_counts` (POS): per
-        sentence the sub-tokens of each word, for the authors' sub-token F1."""
-        self.gold, self.scheme, self.labels = gold, scheme, labels
+    def __init__(self, gold: list[list[str]], scheme: str, labels: np.ndarray, subtokens: _SubtokenGold):
+        """`labels`: the model's label names in the scoring scheme; `subtokens`: what the authors'
+        sub-token F1 scores against."""
+        self.gold, self.scheme, self.labels, self.sub = gold, scheme, labels, subtokens
         self.gold_ents = M.entities(gold, scheme) if scheme != "none" else None
-        self.counts, self.own_subtokens = word_counts, own_subtokens
         if scheme == "none":
             self.key, self.keys = "accuracy", ["accuracy", "macro_f1", M.SUBTOKEN_F1, "consistency"]
             self.classes = sorted({t for s in gold for t in s})
-            self.gold_sub = M.subtoken_sequences(gold, word_counts) if word_counts is not None else None
         else:
-            self.key, self.keys = "f1", ["f1", "precision", "recall", "consistency"]
+            self.key, self.keys = "f1", ["f1", "precision", "recall", M.SUBTOKEN_F1, "consistency"]
             self.classes = sorted({t for s in self.gold_ents for t, _, _ in s})
 
     def cells(self, mode: str, rows: _Rows, preds: list[np.ndarray], k_max: int,
               sub_preds: list[np.ndarray] | None = None) -> list[dict]:
         """duplicate: a cell per (k, α ≤ k); shift: a cell per α (its k is α). `sub_preds`: per row
-        the (copies, L) label ids at every sub-token (POS). Each cell's per-sentence counts of the
-        main metric are left in `counts_of_cells`, in cell order."""
+        the (copies, L) label ids at every sub-token (when the sub-token F1 reads them). Each cell's
+        per-sentence counts of the main metric are left in `counts_of_cells`, in cell order."""
         out = []
         self.counts_of_cells: list[dict[str, np.ndarray]] = []
         for k in (range(1, k_max + 1) if mode == "duplicate" else [None]):
@@ -435,17 +467,15 @@ class _Scorer:
                 if alpha == 1:
                     first_right = right
                     res["consistency"] = consistency(right, right)
-                if self.scheme == "none" and self.gold_sub is not None:
-                    sub = ([list(self.labels[sub_preds[r][copy]]) for r in sel] if self.own_subtokens
-                           else M.subtoken_sequences(pred_tags, self.counts))
-                    res[M.SUBTOKEN_F1] = M.seqeval_subtoken_f1(self.gold_sub, sub)
+                res[M.SUBTOKEN_F1] = self.sub.f1([preds[r][copy] for r in sel],
+                                                 [sub_preds[r][copy] for r in sel] if self.sub.own else None)
                 out.append({"k": k or alpha, "alpha": alpha, **res})
         return out
 
 
 def summary(result: dict, alphas=(1, 5, 10)) -> dict:
     """Flat numbers for tables and experiments: the main metric at k = 1 (the D* test set as is) and
-    F1(α) / Prec(α) / Rec(α) (POS: accuracy(α) and the authors' sub-token F1(α)) averaged over
+    F1(α) / Prec(α) / Rec(α) (POS: accuracy(α)) and the authors' sub-token F1(α) averaged over
     k >= α, for each mode. A `_std` is None where one k (or, in shift mode, one cell) has no spread."""
     key = result["metric"]
     out = {}
@@ -478,9 +508,8 @@ def summary(result: dict, alphas=(1, 5, 10)) -> dict:
 def experiment_metrics(result: dict, alphas=(5, 10)) -> dict:
     """What an experiment stores of a `position_eval` result: the `summary` numbers, the α curves
     (mean over k >= α) of both modes, and `report`, the [name, key] pairs its report rows show:
-    the main metric at k = 1, its value at each α (averaged over k >= α), for POS the same of the
-    authors' sub-token F1 (what the paper's Table 3 reports), shift mode and consistency at the
-    last α."""
+    the main metric at k = 1, its value at each α (averaged over k >= α), the same of the authors'
+    sub-token F1 (what the paper's tables report), shift mode and consistency at the last α."""
     key = result["metric"]
     name = "F1" if key == "f1" else "accuracy"
     k_max = result["subset"]["k_max"]

@@ -22,7 +22,7 @@ from ..utils import atomic_write_json, atomic_write_text, interactive
 from . import columns, metrics
 from .collate import collate
 from .examples import TaggingDataset, TaggingExample
-from .features import TaggingFeatures, build_tagging_features
+from .features import TaggingFeatures, build_tagging_features, learns_word_labels
 from .inputs import read_for
 from .model import generic_label_names
 from .schemes import convert, parse_tag
@@ -127,16 +127,18 @@ def evaluate_dataset(model, tokenizer, cfg, dataset: TaggingDataset, out_dir=Non
     """Predict, score and (main process) write predictions.conll (word, gold, predicted) and metrics.json.
 
     Entities are scored in the data's own scheme (`metrics.scoring_schemes`): a BIOES model on an
-    IOB2 file is scored, and its predictions written, in IOB2. POS results also carry the authors'
-    F1 over sub-tokens (`metrics.seqeval_subtoken_f1`): each sub-token's own prediction when the model
-    was trained on every sub-token (`data.label_subtokens: all`, as the authors'), else its word's."""
+    IOB2 file is scored, and its predictions written, in IOB2. Results also carry the authors' F1
+    over sub-tokens (`metrics.seqeval_subtoken_f1`, seqeval's lenient mode; NER in the model's own
+    label scheme, as they trained and scored IOBES): each sub-token's own prediction when the model
+    learned its word's label on every sub-token (`data.label_subtokens: copy`, as the authors'; `all`
+    for POS), else its word's (`features.learns_word_labels`)."""
     net = _unwrap(model)
     if (dataset.scheme == "none") != (net.scheme == "none"):
         raise ConfigError(columns.scheme_mismatch(dataset, net.labels, net.scheme))
     pos = net.scheme == "none"
-    ran = predict_examples(model, tokenizer, cfg, dataset.examples, source=dataset.path, accelerator=accelerator,
-                           progress=progress, subtokens=pos)
-    preds, (sub_preds, counts) = ran if pos else (ran, (None, None))
+    preds, (sub_preds, counts) = predict_examples(model, tokenizer, cfg, dataset.examples, source=dataset.path,
+                                                  accelerator=accelerator, progress=progress, subtokens=True)
+    model_preds = preds  # in the model's labels: the sub-token F1 scores them as they are
     examples, model_gold = dataset.examples, [e.tags for e in dataset.examples]
     if not pos:
         data_scheme = dataset.file_scheme
@@ -150,13 +152,14 @@ def evaluate_dataset(model, tokenizer, cfg, dataset: TaggingDataset, out_dir=Non
     result = metrics.score(gold, preds, scheme)
     if scheme != net.scheme:
         result["label_scheme"] = net.scheme  # the model's labels, mapped back for scoring
-    if pos:
-        sub_gold = metrics.subtoken_sequences(gold, counts)
-        own = getattr(getattr(cfg, "data", None), "label_subtokens", "first") == "all"
-        result[metrics.SUBTOKEN_F1] = metrics.seqeval_subtoken_f1(
-            sub_gold, sub_preds if own else metrics.subtoken_sequences(preds, counts))
-        result["subtoken_predictions"] = "own" if own else "word"
-        result["subtokens"] = int(sum(len(s) for s in sub_gold))
+    sub_gold = metrics.subtoken_sequences(model_gold, counts)
+    own = learns_word_labels(getattr(getattr(cfg, "data", None), "label_subtokens", "first"), net.scheme)
+    result[metrics.SUBTOKEN_F1] = metrics.seqeval_subtoken_f1(
+        sub_gold, sub_preds if own else metrics.subtoken_sequences(model_preds, counts), net.scheme)
+    result["subtoken_predictions"] = "own" if own else "word"
+    result["subtokens"] = int(sum(len(s) for s in sub_gold))
+    if not pos:
+        result["subtoken_scheme"] = net.scheme
     result["skipped_records"] = len(dataset.skipped)
     unknown = sorted({t for s in model_gold for t in s} - set(net.labels))
     if unknown:

@@ -5,8 +5,9 @@ Shape legend: n windows; L_i tokens in window i (no padding is stored: padding h
 Alignment comes from the fast tokenizer's word ids (`is_split_into_words`), so any tokenizer works:
 WordPiece, SentencePiece, byte-level BPE (loaded with `add_prefix_space`, see `load_tokenizer`).
 A word's label sits on its first sub-token; with `label_subtokens="all"` its continuation
-sub-tokens are trained too (entity tags B-X/E-X/S-X -> I-X there), but the word's prediction is
-always read at its first sub-token.
+sub-tokens are trained too (entity tags B-X/E-X/S-X -> I-X there), with `"copy"` they get the
+word's label as it is (the token-positional-bias authors' `label_all_tokens`: `S-PER S-PER` on a
+two-piece word); either way the word's prediction is read at its first sub-token.
 
 A sentence longer than the window gets several windows over word boundaries, consecutive ones
 sharing at least `stride` tokens; every word is predicted by exactly one window, the one where it
@@ -59,11 +60,23 @@ def label_maps(labels: list[str]) -> dict[str, int]:
     return {t: i for i, t in enumerate(labels)}
 
 
-def continuation_label(tag: str, scheme: str) -> str:
-    """The label of a word's continuation sub-tokens (`label_subtokens="all"`): inside its entity."""
-    if scheme == "none" or tag == "O":
+LABEL_SUBTOKENS = ("first", "all", "copy")
+
+
+def continuation_label(tag: str, scheme: str, label_subtokens: str = "all") -> str:
+    """The label of a word's continuation sub-tokens: `all`, inside its entity (I-X); `copy`, the
+    word's own label (the authors' `label_all_tokens`, their `tokenize_and_align_labels`)."""
+    if scheme == "none" or tag == "O" or label_subtokens == "copy":
         return tag
     return "I-" + tag.split("-", 1)[1]
+
+
+def learns_word_labels(label_subtokens: str, scheme: str) -> bool:
+    """Whether a model trained with `label_subtokens` learned its word's label on every sub-token
+    as it is (`copy`; `all` for per-word labels, which have no prefix to change): then its own
+    prediction at each sub-token is what the authors' sub-token F1 scores, against the word labels
+    copied (`metrics.subtoken_sequences`); otherwise each word's prediction is copied instead."""
+    return label_subtokens == "copy" or (label_subtokens == "all" and scheme == "none")
 
 
 def _windows(word_starts: np.ndarray, n_tokens: int, room: int, stride: int) -> list[tuple[int, int]]:
@@ -114,6 +127,7 @@ def build_tagging_features(
         tokenizer: a fast Hugging Face tokenizer (word ids needed).
         labels: label list; each gold tag must be in it. None builds windows without labels.
         scheme: scheme of the tags ("iob2", "bioes", "none"), for continuation labels.
+        label_subtokens: which sub-tokens carry a label, `LABEL_SUBTOKENS` (`continuation_label`).
         stride: minimum number of tokens shared by consecutive windows of a long sentence.
         source: file name used in error messages.
     """
@@ -124,6 +138,8 @@ def build_tagging_features(
     if room <= stride:
         raise ConfigError(f"data.max_seq_len ({max_seq_len}) leaves {room} tokens per window after special "
                           f"tokens: must exceed data.stride ({stride})")
+    if label_subtokens not in LABEL_SUBTOKENS:
+        raise ConfigError(f"data.label_subtokens must be one of {', '.join(LABEL_SUBTOKENS)}, got {label_subtokens!r}")
     label_id = label_maps(labels) if labels is not None else None
     tokens, unk_words = tokenize_sentences(examples, tokenizer)
     out = {"input_ids": [], "word_index": [], "predict": [], "labels": [], "cls": [], "ex": []}
@@ -157,9 +173,10 @@ def build_tagging_features(
                 lab = np.full(len(tok), IGNORE, dtype=np.int64)
                 for j in np.flatnonzero(is_first):
                     lab[j] = _label(label_id, ex.tags[words[j]], source, ex)
-                if label_subtokens == "all":
+                if label_subtokens != "first":
                     for j in np.flatnonzero(~is_first & (words >= 0)):
-                        lab[j] = _label(label_id, continuation_label(ex.tags[words[j]], scheme), source, ex)
+                        lab[j] = _label(label_id, continuation_label(ex.tags[words[j]], scheme, label_subtokens),
+                                        source, ex)
                 out["labels"].append(_around(lab, IGNORE, prefix, suffix).astype(np.int64))
             out["cls"].append(0 if prefix else -1)
             out["ex"].append(i)

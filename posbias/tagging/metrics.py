@@ -4,8 +4,10 @@ NER is scored at word level (each word's prediction is read at its first sub-tok
 **strict** mode on the declared scheme (IOB2 or BIOES): an entity counts only when its type and
 both boundaries match and its tag sequence is well formed (a predicted `I-PER` after `O` is not
 an entity). seqeval's default mode is conlleval's lenient one, which repairs such sequences; the
-token-positional-bias authors used it, and scored every sub-token. posbias reports the strict
-numbers (`docs/tagging.md` says where this differs from the paper's code). A model trained on
+token-positional-bias authors used it, and scored every sub-token. posbias's main number is the
+strict one (`docs/tagging.md` says where this differs from the paper's code); the authors' metric
+is reported beside it (`seqeval_subtoken_f1`, `lenient_scores`: an exact, vectorized equivalent of
+seqeval's default mode). A model trained on
 BIOES labels is scored on an IOB2 file in IOB2, its predictions mapped back (`scoring_schemes`).
 
 POS (scheme "none"): accuracy over words, and per-tag precision/recall/F1 with their macro mean;
@@ -14,6 +16,7 @@ All numbers are percentages.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -92,21 +95,26 @@ def tag_scores(gold: list[list[str]], pred: list[list[str]]) -> dict:
 SUBTOKEN_F1 = "f1_seqeval_subtoken"
 
 
-def seqeval_subtoken_f1(gold: list[list[str]], pred: list[list[str]]) -> float:
-    """The token-positional-bias authors' POS "F1" (their `metrics/ner_f1.py`), in points: seqeval's
-    default (conlleval, lenient) mode, micro F1, over sub-token label sequences.
+def seqeval_subtoken_f1(gold: list[list[str]], pred: list[list[str]], scheme: str = "none") -> float:
+    """The token-positional-bias authors' "F1" (their `metrics/ner_f1.py`), in points: seqeval's
+    default (conlleval, lenient) mode, micro F1, over sub-token label sequences, each word's label
+    copied to its sub-tokens (`subtoken_sequences`).
 
-    Their UD reader writes every UPOS tag as `S-<UPOS>` (a tag of "_" as `O`) and copies a word's
-    label to each of its sub-tokens; seqeval then reads each `S-` label as a one-token chunk, so the
-    score is a micro F1 over sub-tokens: 2 TP / (predicted + gold chunks), computed here in that
-    closed form (seqeval's per-token Python loop would dominate a GPU F1(α) run; the test checks
-    parity with `seqeval.metrics.classification_report`). Bare UPOS strings would be read otherwise:
-    seqeval would merge runs of one tag into one chunk; their code used bare tags only before
-    Dec 2022, ahead of the paper's runs.
+    NER (`scheme` an entity scheme): `lenient_scores` of the labels as they are, in the scheme the
+    model learned (the authors': IOBES, `S-PER S-PER` on a two-piece word read as two chunks).
+
+    POS (`scheme` "none"): their UD reader writes every UPOS tag as `S-<UPOS>` (a tag of "_" as `O`);
+    seqeval then reads each `S-` label as a one-token chunk, so the score is a micro F1 over
+    sub-tokens: 2 TP / (predicted + gold chunks), computed here in that closed form (the test
+    checks parity with `seqeval.metrics.classification_report`). Bare UPOS strings would be read
+    otherwise: seqeval would merge runs of one tag into one chunk; their code used bare tags only
+    before Dec 2022, ahead of the paper's runs.
 
     Args:
-        gold, pred: per sentence, one POS tag per sub-token (see `subtoken_sequences`).
+        gold, pred: per sentence, one label per sub-token.
     """
+    if scheme != "none":
+        return lenient_scores(gold, pred)["f1"]
     if len(gold) != len(pred) or any(len(a) != len(b) for a, b in zip(gold, pred)):
         raise ValueError("gold and predicted sub-token sequences differ in number or length")
     g = np.array([t for s in gold for t in s], dtype=object)
@@ -115,6 +123,84 @@ def seqeval_subtoken_f1(gold: list[list[str]], pred: list[list[str]]) -> float:
     tp = int(np.sum((g == p) & chunk_g))  # the same one-token chunk: same place, same tag
     n = int(chunk_g.sum()) + int(chunk_p.sum())
     return 100 * 2 * tp / n if n else 0.0
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """Chunks of label sequences flattened as seqeval numbers them (`lenient_chunks`); m chunks.
+
+    Attributes:
+        types: the chunk types present, sorted; type: (m,) index of each chunk's type in it.
+        first, last: (m,) the chunk's first and last label (inclusive) in the flattened sequence.
+        n: labels in the flattened sequence (sentences, their separators and the final `O`).
+    """
+
+    types: list[str]
+    type: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    n: int
+
+    def as_set(self) -> set[tuple[str, int, int]]:
+        """{(type, first, last)}: seqeval's `get_entities` tuples."""
+        return set(zip([self.types[t] for t in self.type.tolist()], self.first.tolist(), self.last.tolist()))
+
+    def keys(self, type_ids: dict[str, int]) -> np.ndarray:
+        """(m,) one int64 per chunk, equal for equal (type, first, last), types numbered by `type_ids`."""
+        if len(type_ids) * self.n * self.n >= 2 ** 62:
+            raise ValueError(f"{self.n} labels are too many to number their chunks in int64")
+        tid = np.array([type_ids[t] for t in self.types], dtype=np.int64)[self.type] if len(self.type) else self.type
+        return (tid * self.n + self.first) * self.n + self.last
+
+
+def lenient_chunks(sequences: list[list[str]]) -> Chunks:
+    """The chunks seqeval's default mode reads (`seqeval.metrics.sequence_labeling.get_entities`,
+    conlleval's lenient rules), over the sentences flattened with an `O` after each, exactly as
+    seqeval numbers them; vectorized (its per-label Python loop would dominate an F1(α) run).
+    Lenient: any sequence is read, an ill-formed one repaired, e.g. `I-X` after `O` starts a chunk,
+    `S-X S-X` is two, `B-X B-X` two, a lone `E-X` one.
+
+    Shape legend: n labels, sentence separators and seqeval's final `O` included."""
+    flat = [t for s in sequences for t in (*s, "O")] + ["O"]
+    index: dict[str, int] = {}
+    codes = np.fromiter((index.setdefault(t, len(index)) for t in flat), dtype=np.int64, count=len(flat))  # (n,)
+    names = list(index)
+    # Per distinct label, seqeval's reading: the tag is its first character, the type what follows the
+    # first "-" ('_' when empty); the tags its rules name get a code, any other behaves as one more.
+    O, B, I, E, S, DOT, OTHER = range(7)  # noqa: E741, N806
+    tag_code = {"O": O, "B": B, "I": I, "E": E, "S": S, ".": DOT}
+    label_type = [t[1:].split("-", 1)[-1] or "_" for t in names]
+    types = sorted(set(label_type))
+    tag = np.array([tag_code.get(t[0], OTHER) for t in names], dtype=np.int64)[codes]  # (n,)
+    typ = np.array([types.index(t) for t in label_type], dtype=np.int64)[codes]  # (n,)
+    prev_tag = np.r_[O, tag[:-1]]
+    prev_typ = np.r_[-1, typ[:-1]]  # seqeval starts with prev_type '' (no label's type)
+    new_type = prev_typ != typ
+    # end_of_chunk(prev_tag, tag, prev_type, type_): a chunk ended at i - 1
+    end = (np.isin(prev_tag, (E, S)) | (np.isin(prev_tag, (B, I)) & np.isin(tag, (B, S, O)))
+           | (~np.isin(prev_tag, (O, DOT)) & new_type))
+    # start_of_chunk(prev_tag, tag, prev_type, type_): a chunk starts at i
+    start = (np.isin(tag, (B, S)) | (np.isin(prev_tag, (E, S, O)) & np.isin(tag, (E, I)))
+             | (~np.isin(tag, (O, DOT)) & new_type))
+    # seqeval emits (prev_type, begin_offset, i - 1) before it moves begin_offset to a start at i:
+    # the chunk begins at the last start before i (0 if none yet).
+    last_start = np.maximum.accumulate(np.where(start, np.arange(len(flat)), 0))  # (n,)
+    i = np.flatnonzero(end)  # never 0: before the first label prev_tag is O
+    return Chunks(types, typ[i - 1], last_start[i - 1], i - 1, len(flat))
+
+
+def lenient_scores(gold: list[list[str]], pred: list[list[str]], gold_chunks: Chunks | None = None) -> dict:
+    """Micro precision/recall/F1 (points) of seqeval's default (lenient) mode, as its
+    `classification_report(mode=None)` "micro avg" (zero where undefined): the token-positional-bias
+    authors' NER metric (their `metrics/ner_f1.py`) over sub-token label sequences. `gold_chunks`:
+    `lenient_chunks(gold)` when the caller has it (scoring many predictions against one gold set)."""
+    if len(gold) != len(pred) or any(len(a) != len(b) for a, b in zip(gold, pred)):
+        raise ValueError("gold and predicted sub-token sequences differ in number or length")
+    g = gold_chunks if gold_chunks is not None else lenient_chunks(gold)
+    p = lenient_chunks(pred)
+    type_ids = {t: i for i, t in enumerate(sorted(set(g.types) | set(p.types)))}
+    tp = len(np.intersect1d(g.keys(type_ids), p.keys(type_ids), assume_unique=True))
+    return {**_prf(tp, len(p.first), len(g.first)), "entities": len(g.first), "predicted_entities": len(p.first)}
 
 
 def subtoken_sequences(tags: list[list[str]], counts: list[np.ndarray]) -> list[list[str]]:

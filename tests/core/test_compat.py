@@ -141,6 +141,7 @@ FROZEN = {
 }
 # Bundled presets, read as a user's configs.
 FROZEN_PRESETS = {
+    'conll2003_dstar_minilm': 'dad4067d7583d7c8',
     'conll2003_minilm': '26b5210d263bf510',
     'demo': '25813d705e3becbb',
     'squad_v1_minilm': 'de2aeab0f44902a2',
@@ -148,6 +149,7 @@ FROZEN_PRESETS = {
     'tiny': '74e1b12bb6c22f69',
     'tiny_tagging': '5890f91480c66b22',
     'tweebank_pos_minilm': '6065033dc25f51f2',
+    'ud_ewt_pos_dstar_minilm': '7960e267038ba343',
     'ud_ewt_pos_minilm': 'bfb5b5f465ee4b14',
     'wnut17_minilm': '48a127fef5be4718',
 }

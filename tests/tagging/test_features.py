@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from posbias.config import RESOURCES
+from posbias.errors import ConfigError
 from posbias.tagging.collate import collate
 from posbias.tagging.examples import TaggingExample
 from posbias.tagging.features import IGNORE, _windows, build_tagging_features, special_tokens
@@ -114,6 +115,26 @@ def test_all_subtokens_labelled_inside_their_entity(wordpiece):
     feats = build_tagging_features([ex], wordpiece, labels=labels, scheme="iob2", label_subtokens="all")
     lab = feats.labels[0][feats.word_index[0] == 0]
     assert len(lab) > 1 and labels[lab[0]] == "B-LOC" and all(labels[x] == "I-LOC" for x in lab[1:])
+
+
+def test_copy_gives_every_subtoken_its_words_label_as_it_is(wordpiece):
+    """The token-positional-bias authors' `label_all_tokens`: zebra = z ##e ##b ##ra, tagged S-PER,
+    gets S-PER on all four pieces (not S-PER I-PER I-PER I-PER); special tokens carry none; the word
+    is still predicted at its first piece only."""
+    ex = TaggingExample("s", ["the", "zebra", "walked", "london"], ["O", "S-PER", "B-LOC", "E-LOC"])
+    labels = ["O", "B-LOC", "E-LOC", "I-LOC", "I-PER", "S-PER"]
+    feats = build_tagging_features([ex], wordpiece, labels=labels, scheme="bioes", label_subtokens="copy")
+    tokens = wordpiece.convert_ids_to_tokens(feats.input_ids[0].tolist())
+    got = [(t, labels[x] if x != IGNORE else None) for t, x in zip(tokens, feats.labels[0].tolist())]
+    assert got == [("[CLS]", None), ("the", "O"), ("z", "S-PER"), ("##e", "S-PER"), ("##b", "S-PER"),
+                   ("##ra", "S-PER"), ("wal", "B-LOC"), ("##k", "B-LOC"), ("##ed", "B-LOC"), ("london", "E-LOC"),
+                   ("[SEP]", None)]
+    assert feats.word_index[0][feats.predict[0]].tolist() == [0, 1, 2, 3]
+    # `all` puts the continuation pieces inside the entity instead: S-PER I-PER I-PER I-PER.
+    inside = build_tagging_features([ex], wordpiece, labels=labels, scheme="bioes", label_subtokens="all")
+    assert [labels[x] for x in inside.labels[0][2:6]] == ["S-PER", "I-PER", "I-PER", "I-PER"]
+    with pytest.raises(ConfigError, match="data.label_subtokens"):
+        build_tagging_features([ex], wordpiece, labels=labels, scheme="bioes", label_subtokens="every")
 
 
 def test_words_without_tokens_are_predicted_as_unknown(wordpiece):

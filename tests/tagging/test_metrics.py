@@ -1,11 +1,15 @@
-"""Tagging metrics: hand-computed cases, parity with seqeval's strict mode, POS accuracy, file scoring."""
+"""Tagging metrics: hand-computed cases, parity with seqeval's strict mode and with its default (lenient)
+mode, POS accuracy, file scoring."""
+import warnings
+
 import numpy as np
 import pytest
 from seqeval.metrics import classification_report
 from seqeval.scheme import IOB2, IOBES
 
 from posbias.errors import DataError
-from posbias.tagging.metrics import entities, score, score_files, sentence_ratios, tag_scores
+from posbias.tagging.metrics import (entities, lenient_chunks, lenient_scores, score, score_files, sentence_ratios,
+                                     seqeval_subtoken_f1, tag_scores)
 
 GOLD = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-ORG", "I-ORG", "O", "B-PER"]]
 PRED = [["B-PER", "I-PER", "O", "B-ORG"], ["O", "I-ORG", "I-ORG", "O", "B-PER"]]
@@ -64,6 +68,59 @@ def test_equals_seqeval_strict_on_random_sequences(scheme, cls):
     for t, row in ours["per_class"].items():
         if t in ref:
             assert row["f1"] == pytest.approx(100 * ref[t]["f1-score"]) and row["support"] == ref[t]["support"]
+
+
+def _seqeval_lenient(gold, pred) -> dict:
+    """seqeval's own default mode (mode=None, scheme=None), micro avg, in points."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "X seems not to be NE tag" for the odd labels below
+        r = classification_report(gold, pred, mode=None, scheme=None, output_dict=True, zero_division=0)["micro avg"]
+    return {"precision": 100 * r["precision"], "recall": 100 * r["recall"], "f1": 100 * r["f1-score"]}
+
+
+def test_lenient_mode_by_hand():
+    """conlleval's repairs, as seqeval's default mode reads them: `S-X S-X` two chunks, `I-X` after `O`
+    starts one, `B-X B-X` two, a lone `E-X` one, `B-X I-Y` two (the type changes)."""
+    gold = [["S-PER", "S-PER", "O", "I-LOC", "I-LOC"], ["B-ORG", "B-ORG", "O", "E-PER"], ["B-X", "I-Y"]]
+    assert lenient_chunks(gold).as_set() == {("PER", 0, 0), ("PER", 1, 1), ("LOC", 3, 4), ("ORG", 6, 6),
+                                             ("ORG", 7, 7), ("PER", 9, 9), ("X", 11, 11), ("Y", 12, 12)}
+    # The model predicts one chunk over the two-piece word (B-PER E-PER) and the rest right: 7 of 8.
+    pred = [["B-PER", "E-PER", "O", "I-LOC", "I-LOC"], ["B-ORG", "B-ORG", "O", "E-PER"], ["B-X", "I-Y"]]
+    res = lenient_scores(gold, pred)
+    assert (res["entities"], res["predicted_entities"]) == (8, 7)
+    assert res["f1"] == pytest.approx(100 * 2 * 6 / 15) == pytest.approx(_seqeval_lenient(gold, pred)["f1"])
+    assert seqeval_subtoken_f1(gold, pred, "bioes") == res["f1"]
+    # Strict IOB2 reads none of the I- runs after O: lenient is not strict.
+    assert score([["O", "I-LOC", "I-LOC"]], [["O", "I-LOC", "I-LOC"]], "iob2")["entities"] == 0
+    assert lenient_scores([["O", "I-LOC", "I-LOC"]], [["O", "I-LOC", "I-LOC"]])["f1"] == 100.0
+
+
+LENIENT_LABELS = ["O", "O", "O", "B-PER", "I-PER", "E-PER", "S-PER", "B-LOC", "I-LOC", "E-LOC", "S-LOC", "B-MISC",
+                  "I-MISC", "B", "I", "S", "E", ".-PER", "X-PER", "B-A-B"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lenient_scores_equal_seqeval_default_mode_on_random_sequences(seed):
+    """Random, mostly ill-formed label sequences (S-X S-X, I-X after O, B-X B-X, E-X alone, types
+    changing inside a chunk, bare prefixes, labels seqeval warns about), empty sentences included:
+    chunks equal seqeval's `get_entities`, P/R/F1 its classification_report(mode=None) micro avg."""
+    from seqeval.metrics.sequence_labeling import get_entities
+
+    rng = np.random.default_rng(seed)
+    for _ in range(150):
+        gold = [[LENIENT_LABELS[i] for i in rng.integers(0, len(LENIENT_LABELS), n)]
+                for n in rng.integers(0, 9, rng.integers(1, 7))]
+        # predictions: the gold with some labels replaced, so that chunks match as well as miss
+        pred = [[LENIENT_LABELS[rng.integers(len(LENIENT_LABELS))] if rng.random() < 0.3 else t for t in s]
+                for s in gold]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert lenient_chunks(gold).as_set() == set(get_entities(gold))
+        ours, theirs = lenient_scores(gold, pred), _seqeval_lenient(gold, pred)
+        for key in ("precision", "recall", "f1"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-12, abs=1e-9)
+    with pytest.raises(ValueError, match="differ"):
+        lenient_scores([["O", "S-X"]], [["O"]])
 
 
 def test_pos_accuracy_and_per_tag_scores():

@@ -1,6 +1,8 @@
-"""The token-positional-bias paper's settings (issue 29, items 7-9): D* bounds from train + dev + test
-pooled, the authors' POS "F1" over sub-tokens beside accuracy, IOBES labels scored in the file's
-IOB2, consistency at α = 1 computed, no std for a single value, untyped entity tags refused."""
+"""The token-positional-bias paper's settings (issue 29, items 7-9; issue 47, item 3): D* bounds from
+train + dev + test pooled (and the presets that default to the authors' bounds), the authors' "F1"
+over sub-tokens (POS and NER, seqeval's lenient mode) beside the strict metrics, IOBES labels scored
+in the file's IOB2, consistency at α = 1 computed, no std for a single value, untyped entity tags
+refused."""
 import json
 import math
 import warnings
@@ -11,8 +13,10 @@ import pytest
 import torch
 
 from posbias.analysis.stats import mean_std
-from posbias.config import RESOURCES, build_config
+from posbias.config import PRESETS, RESOURCES, build_config, load_config
 from posbias.errors import ConfigError, DataError
+from posbias.experiment.aggregation import metric_value, report_metrics
+from posbias.tagging import diagnose as G
 from posbias.tagging import duplicated as D
 from posbias.tagging import metrics as M
 from posbias.tagging.evaluate import evaluate_dataset
@@ -98,6 +102,26 @@ def test_the_authors_rule_gives_their_conll_counts():
     assert read_for(files[2], split).length_subset["length_bounds"] == [5.0, 20.0]
 
 
+@pytest.mark.skipif(not (SHARED_DATA / "conll2003" / "test.txt").is_file()
+                    or not (SHARED_DATA / "ud_english_ewt" / "en_ewt-ud-test.conllu.gz").is_file(),
+                    reason="shared CoNLL-2003 / UD English EWT absent")
+@pytest.mark.parametrize("preset, bounds, counts", [
+    ("conll2003_dstar_minilm", [4.0, 22.0], (8666, 1967, 2257)),
+    ("ud_ewt_pos_dstar_minilm", [4.0, 21.0], (7457, 1289, 1302))])
+def test_the_authors_presets_cut_dstar_as_they_did(preset, bounds, counts):
+    """The position-bias presets default to the authors' D*: the 15th-75th percentile of train + dev +
+    test pooled, one pair of bounds for every split, and their sub-token labels."""
+    cfg = load_config(PRESETS / f"{preset}.yaml")
+    d = cfg.data
+    assert (d.length_quantiles, d.length_pool, d.label_subtokens) == ([0.15, 0.75], "pooled", "copy")
+    assert d.length_pool_files[:2] == [d.train_file, d.eval_file] and len(d.length_pool_files) == 3
+    cut = [read_for(f, cfg) for f in d.length_pool_files]
+    assert [x.length_subset["length_bounds"] for x in cut] == [bounds] * 3
+    assert tuple(len(x.examples) for x in cut) == counts
+    assert {x.length_subset["pool_sentences"] for x in cut} == {sum(x.length_subset["split_sentences"] for x in cut)}
+    assert cut[0].scheme == ("bioes" if "conll" in preset else "none")
+
+
 # ------------------------------------------------------------------------------ item 8: POS "F1"
 def test_seqeval_subtoken_f1_is_the_authors_computation():
     """Their `Nereval._compute_overall`: seqeval classification_report, default mode, micro avg, on
@@ -180,6 +204,80 @@ def test_position_eval_reports_the_subtoken_f1_at_every_alpha(wordpiece):
         assert rows[M.SUBTOKEN_F1] == pytest.approx(expected) == rows[f"{M.SUBTOKEN_F1}_alpha_3"]
         assert ["sub-token F1(3)", f"{M.SUBTOKEN_F1}_alpha_3"] in rows["report"]
         assert rows[f"{M.SUBTOKEN_F1}_alpha_3_std"] is None  # α = k_max: one k
+
+
+# ---------------------------------------------------- the authors' NER metric beside the strict F1
+NER_LABELS = ["O", "S-LOC", "S-PER"]  # a BIOES model; O (0) is what continuation pieces get
+NER_TABLE = {"z": "S-PER", "london": "S-LOC"}  # zebra = z ##e ##b ##ra, walked = wal ##k ##ed
+
+
+def ner_data(n=3):
+    """An IOB2 file: every word right at its first piece for the oracle above."""
+    words, tags = ["the", "zebra", "walked", "london"], ["O", "B-PER", "O", "B-LOC"]
+    return TaggingDataset("<ner>", "conll", "iob2", [TaggingExample(f"s{i}", words, tags) for i in range(n)],
+                          source_scheme="iob2")
+
+
+# Their gold: the BIOES labels copied, O | S-PER x4 | O x3 | S-LOC = 5 chunks per sentence. A model
+# that learned `copy` is read at every piece: S-PER O O O | O O O | S-LOC = 2 chunks, both right:
+# F1 = 2 * 2 / (5 + 2). Otherwise each word's prediction is copied: all 5 right.
+OWN_NER_F1 = 100 * 4 / 7
+
+
+@pytest.mark.parametrize("label_subtokens, read, expected", [
+    ("first", "word", 100.0), ("all", "word", 100.0), ("copy", "own", OWN_NER_F1)])
+def test_evaluate_reports_the_authors_ner_f1_beside_the_strict_f1(wordpiece, label_subtokens, read, expected):
+    """`all` trained the continuation pieces on I-X, not on the copied labels their metric scores:
+    its words' predictions are copied instead, as for `first`."""
+    cfg = tagging_cfg(label_subtokens=label_subtokens)
+    oracle = TokenOracle(wordpiece, NER_TABLE, NER_LABELS, "bioes")
+    res = evaluate_dataset(oracle, wordpiece, cfg, ner_data(), progress=False)
+    assert res["f1"] == 100.0 and res["scheme"] == "iob2"  # strict, over words, in the file's scheme
+    assert res[M.SUBTOKEN_F1] == pytest.approx(expected)
+    assert res["subtoken_predictions"] == read and res["subtoken_scheme"] == "bioes" and res["subtokens"] == 3 * 9
+    assert report_metrics(res) == (["F1", "precision", "recall", "sub-token F1"], "F1")
+    assert metric_value(res, "sub-token F1") == res[M.SUBTOKEN_F1]
+
+
+def test_position_eval_and_its_diagnosis_show_the_authors_ner_f1(wordpiece, tmp_path):
+    oracle = TokenOracle(wordpiece, NER_TABLE, NER_LABELS, "bioes")
+    for own, expected in ((False, 100.0), (True, OWN_NER_F1)):
+        res = D.position_eval(oracle, wordpiece, ner_data(), k_max=3, quantiles=None, progress=False,
+                              own_subtokens=own, keep_counts=True)
+        assert res["subtoken_predictions"] == ("own" if own else "word") and res["subtoken_scheme"] == "bioes"
+        for mode in D.MODES:
+            assert {round(c[M.SUBTOKEN_F1], 9) for c in res[mode]["cells"]} == {round(expected, 9)}
+            assert {c["f1"] for c in res[mode]["cells"]} == {100.0}
+        rows = D.experiment_metrics(res, alphas=(2, 3))
+        assert rows[M.SUBTOKEN_F1] == pytest.approx(expected) == rows[f"{M.SUBTOKEN_F1}_alpha_3"]
+        assert ["sub-token F1(3)", f"{M.SUBTOKEN_F1}_alpha_3"] in rows["report"]
+        assert ["F1(3)", "f1_alpha_3"] in rows["report"]
+    head, body = G._alpha_table(res)
+    col = head.index("sub-token F1(α)")
+    assert head[2:col] == ["F1(α)", "Prec(α)", "Rec(α)"]
+    assert [row[col] for row in body] == ["57.14 ± 0.00", "57.14 ± 0.00", "57.14"]
+    G.write_report(res, tmp_path, "oracle", samples=50)
+    md = (tmp_path / "diagnosis.md").read_text(encoding="utf-8")
+    assert "sub-token F1(α)" in md and "paper's NER \"F1\"" in md and "(BIOES)" in md
+    assert "each sub-token's own prediction" in md
+
+
+def test_a_run_trained_with_copy_evaluates_and_predicts(tmp_path):
+    """train (BIOES labels copied to every piece) -> its evaluation reads each piece's own prediction
+    for the sub-token F1 -> evaluate and predict from the checkpoint read words at their first piece."""
+    import posbias
+
+    out = tmp_path / "run"
+    posbias.train(PRESETS / "tiny_tagging.yaml", [f"train.output_dir={out}", "train.max_steps=2", "train.device=cpu",
+                                                  "data.label_subtokens=copy", "data.max_eval_examples=20"],
+                  progress=False)
+    scored = json.loads((out / "eval" / "metrics.json").read_text(encoding="utf-8"))
+    assert scored["subtoken_predictions"] == "own" and scored["subtoken_scheme"] == "bioes"
+    assert 0 <= scored[M.SUBTOKEN_F1] <= 100 and scored["subtokens"] > scored["words"]
+    again = posbias.evaluate(out / "best", "demo:wnut-dev", overrides=["data.max_eval_examples=20"], progress=False)
+    assert again[M.SUBTOKEN_F1] == pytest.approx(scored[M.SUBTOKEN_F1]) and again["f1"] == pytest.approx(scored["f1"])
+    tagged = posbias.predict(out / "best", text="Angela Merkel visited Paris .")
+    assert len(tagged["text"]["tags"]) == len(tagged["text"]["words"]) == 5
 
 
 # ------------------------------------------------------------------------------ item 8: IOBES
