@@ -51,6 +51,22 @@ VERSION_KEY = "config_version"
 _UNSET = object()
 
 
+class AnyOf(tuple):
+    """`marks(neutral=AnyOf(a, b))`: a key left out of the hash at either value (e.g. None where it
+    does not apply, and the value runs recorded before it existed had). `omit` omits at the first."""
+
+    def __new__(cls, *values):
+        return super().__new__(cls, values)
+
+
+def at_neutral(m: dict, value) -> bool:
+    """Whether `value` is the neutral value (one of them, for `AnyOf`) of a field with marks `m`."""
+    if "neutral" not in m:
+        return False
+    neutral = m["neutral"]
+    return value in neutral if isinstance(neutral, AnyOf) else value == neutral
+
+
 def marks(*, hash: bool = True, neutral=_UNSET, omit: bool = False, hash_only_with: str | None = None,
           resumable: bool = False, old_name: str | None = None) -> dict:
     """Dataclass field metadata for the compatibility rules of a config key (module doc):
@@ -127,8 +143,18 @@ def _v1_to_v2(d: dict, task: str) -> dict:
     return d
 
 
+def _v2_to_v3(d: dict, task: str) -> dict:
+    """The learned-mixin gate lost its bias term (issue 47: Clark et al.'s g(x) = softplus(w·h) and
+    Ko et al.'s code have none): a QA config with `train.debias` written before had one."""
+    train = d.get("train")
+    debias = train.get("debias") if isinstance(train, dict) else None
+    if task == "qa" and isinstance(debias, dict) and debias.get("method") in ("learned_mixin", "learned_mixin_h"):
+        _fill(train, "debias", "gate_bias", True)
+    return d
+
+
 # STEPS[v] brings a config of version v to version v + 1.
-STEPS = (_v0_to_v1, _v1_to_v2)
+STEPS = (_v0_to_v1, _v1_to_v2, _v2_to_v3)
 CONFIG_VERSION = len(STEPS)
 
 
@@ -195,7 +221,7 @@ def written_form(cfg) -> dict:
     """The config dataclass `cfg` as posbias writes it: `config_version` first, then every field,
     less those marked `omit` at their neutral value."""
     d = dataclasses.asdict(cfg)
-    _drop(cfg, d, lambda m, value: m.get("omit") and value == m["neutral"])
+    _drop(cfg, d, lambda m, value: m.get("omit") and at_neutral(m, value))
     return {VERSION_KEY: CONFIG_VERSION, **d}
 
 
@@ -206,7 +232,7 @@ def hashed_form(cfg) -> dict:
     d.pop(VERSION_KEY, None)
 
     def left_out(m: dict, value) -> bool:
-        return (m.get("hash") is False or ("neutral" in m and value == m["neutral"])
+        return (m.get("hash") is False or at_neutral(m, value)
                 or ("hash_only_with" in m and not d.get(m["hash_only_with"])))
 
     _drop(cfg, d, left_out)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..compat import marks
+from ..compat import AnyOf, marks
 from ..config import DataConfig, ModelConfig, RunConfig, TrainConfig, _from_dict, bounded, choice
 from ..errors import ConfigError
 from ..registry import HEADS, LABEL_POLICIES
@@ -89,8 +89,13 @@ class DebiasConfig:
     """α of the prior's add-α smoothing: p = (count + α) / (windows + α (data.max_seq_len + 1)), so
     no position has probability 0."""
     gate: str | None = None
-    """learned-mixin's g(x) = softplus(w·h + c): `cls` (default; h the [CLS] state) or `max` (the
+    """learned-mixin's g(x) = softplus(w·h): `cls` (default; h the [CLS] state) or `max` (the
     maximum of w·h_t over the real tokens, as the authors' code)."""
+    gate_bias: bool | None = field(default=None, metadata=marks(neutral=AnyOf(None, True)))
+    """learned-mixin's gate with a bias term c, softplus(w·h + c): false by default (filled in for
+    learned_mixin(_h); other methods take none), as Clark et al. (2019) and Ko et al.'s code. Runs
+    and checkpoints from before config version 3 had one: `compat._v2_to_v3` sets it true for them,
+    and true is left out of the hash, so they keep their hashes."""
     prior: str = field(default="token", metadata=marks(neutral="token", omit=True))
     """The bias model of bias_product and learned-mixin(+H): `token` (P(label = j-th context token of
     the window)) or `sentence` (P(label in the k-th sentence of the context), every token of sentence

@@ -126,8 +126,10 @@ def check_config(debias, head: str) -> None:
         debias.gate = debias.gate or "cls"
         if debias.gate not in GATES:
             raise ConfigError(f"train.debias.gate must be one of {list(GATES)}, got {debias.gate!r}")
-    elif debias.gate is not None:
-        raise ConfigError(f"train.debias.gate is read by learned_mixin and learned_mixin_h only, not {debias.method}")
+        debias.gate_bias = bool(debias.gate_bias)  # None: no bias term (Clark et al.; before version 3: one)
+    elif debias.gate is not None or debias.gate_bias is not None:
+        key = "gate" if debias.gate is not None else "gate_bias"
+        raise ConfigError(f"train.debias.{key} is read by learned_mixin and learned_mixin_h only, not {debias.method}")
     if debias.prior not in PRIORS:
         raise ConfigError(f"train.debias.prior must be one of {list(PRIORS)}, got {debias.prior!r}")
     if debias.prior != "token" and debias.method not in PRIOR_METHODS:
@@ -375,14 +377,16 @@ class Debias(nn.Module):
     the sentence prior, the sentence table of the training windows (never saved)."""
 
     def __init__(self, method: str, hidden_size: int, *, entropy_weight: float | None = None,
-                 gate: str | None = None, prior_level: str = "token", bias_term: str = "log"):
+                 gate: str | None = None, gate_bias: bool = False, prior_level: str = "token",
+                 bias_term: str = "log"):
         super().__init__()
         self.method, self.entropy_weight, self.gate_input = method, entropy_weight, gate or "cls"
         self.prior_level = prior_level  # train.debias.prior
         self.bias_term = bias_term  # train.debias.bias_term: log b or b added to the log-softmax
-        # g(x) = softplus(w·h + c): Clark et al. §3.2.2; w·h of the [CLS] state (`cls`) or, as the
-        # authors' code, its maximum over the tokens (`max`).
-        self.gate = nn.Linear(hidden_size, 1) if method in MIXIN else None
+        # g(x) = softplus(w·h): Clark et al. §3.2.2; w·h of the [CLS] state (`cls`) or, as the
+        # authors' code, its maximum over the tokens (`max`). `gate_bias` adds a bias c (runs before
+        # config version 3 had one).
+        self.gate = nn.Linear(hidden_size, 1, bias=gate_bias) if method in MIXIN else None
         self.register_buffer("log_prior", None, persistent=False)  # (2, L + 2), see AnswerPrior.log_table
         self.prior: AnswerPrior | None = None
         # Sentence prior: (n, W) its window_columns. A plain attribute, moved to the batch's device at
@@ -489,4 +493,4 @@ def make_debias(debias, head: str, encoder) -> Debias:
             raise ConfigError(f"train.debias.method entropy compares word embeddings with hidden states (cosine), "
                               f"but this encoder embeds at width {width} and its hidden size is {hidden}")
     return Debias(debias.method, hidden, entropy_weight=debias.entropy_weight, gate=debias.gate,
-                  prior_level=debias.prior, bias_term=debias.bias_term)
+                  gate_bias=debias.gate_bias, prior_level=debias.prior, bias_term=debias.bias_term)

@@ -70,7 +70,12 @@ CASES = {
     "qa/rpp-saved": (with_(QA, perturb=[RPP]), True),
     "qa/rpp-replace": (with_(QA, perturb=[{"name": "rpp", "mode": "replace"}]), False),
     "qa/no-perturb-replace": (with_(QA, data={"perturb_default_mode": "replace"}), False),
+    # Config version 3 dropped the gate's bias term: a user's config without the key means the new
+    # run (its hash moved); a checkpoint's config from before, or one that pins the bias, keeps the old one.
     "qa/debias-learned_mixin": (with_(QA, train={"debias": {"method": "learned_mixin"}}), False),
+    "qa/debias-learned_mixin/saved": (with_(QA, train={"debias": {"method": "learned_mixin"}}), True),
+    "qa/debias-learned_mixin-gate_bias": (with_(QA, train={"debias": {"method": "learned_mixin", "gate_bias": True}}),
+                                          False),
     "qa/debias-token-log-explicit": (with_(QA, train={"debias": {"method": "bias_product", "prior": "token",
                                                                  "bias_term": "log"}}), False),
     "qa/debias-sentence": (with_(QA, train={"debias": {"method": "bias_product", "prior": "sentence"}}), False),
@@ -118,7 +123,9 @@ FROZEN = {
     'qa/rpp-saved': '8e49955ddc016d29',
     'qa/rpp-replace': 'dd452bfbf5bb67d4',
     'qa/no-perturb-replace': '84b513aaa8bdad68',
-    'qa/debias-learned_mixin': '154a6478bb7c39ed',
+    'qa/debias-learned_mixin': '1ce18cb0b3f833aa',  # until version 3 (a gate with a bias): 154a6478bb7c39ed
+    'qa/debias-learned_mixin/saved': '154a6478bb7c39ed',
+    'qa/debias-learned_mixin-gate_bias': '154a6478bb7c39ed',
     'qa/debias-token-log-explicit': '0f277c72cc73613a',
     'qa/debias-sentence': '0f2bd50b81dc6c85',
     'qa/debias-probability': '098084ec6fae778a',
@@ -249,7 +256,8 @@ def test_the_marks_declare_what_the_old_tables_listed():
              "data.perturb_default_mode": "replace"}
     assert compat.not_hashed(QAConfig) == compat.not_hashed(TaggingConfig) == train_never
     assert compat.hash_neutral(QAConfig) == later | {"model.softmax_over_default": "context", "train.debias": None,
-                                                     "train.debias.prior": "token", "train.debias.bias_term": "log"}
+                                                     "train.debias.prior": "token", "train.debias.bias_term": "log",
+                                                     "train.debias.gate_bias": (None, True)}
     assert compat.hash_neutral(TaggingConfig) == later | {"data.label_map": None, "data.tags_column": None,
                                                           "data.length_pool_files": None, "data.length_pool": "split"}
     resumable = {"epochs", "max_steps", "eval_every", "log_every", "save_every", "output_dir", "eval_precision",
@@ -310,6 +318,36 @@ def test_v1_to_v2():
         _v1_to_v2({"data": {"doc_stride": 48, "stride": 64}}, "qa")
 
 
+def test_v2_to_v3():
+    """A QA learned-mixin config from before version 3 had a bias term in its gate: it gets
+    `gate_bias: true`; one that sets the key, other de-biasing methods, no debias and tagging are left
+    alone. The built models: a gate with a bias from before, none for a user's config now."""
+    import json
+    from types import SimpleNamespace
+
+    from posbias.compat import _v2_to_v3
+    from posbias.qa.debias import make_debias
+
+    encoder = SimpleNamespace(config=SimpleNamespace(hidden_size=32))
+
+    old = {"task": "qa", "train": {"lr": 1e-4, "debias": {"method": "learned_mixin_h", "entropy_weight": 0.4}}}
+    out = _v2_to_v3(json.loads(json.dumps(old)), "qa")
+    assert out["train"]["debias"] == {"method": "learned_mixin_h", "entropy_weight": 0.4, "gate_bias": True}
+    assert out["train"]["lr"] == 1e-4
+    kept = {"train": {"debias": {"method": "learned_mixin", "gate_bias": False}}}
+    assert _v2_to_v3(json.loads(json.dumps(kept)), "qa") == kept
+    for same in ({"train": {"debias": {"method": "bias_product"}}}, {"train": {"debias": None}}, {"train": {}}, {}):
+        assert _v2_to_v3(json.loads(json.dumps(same)), "qa") == same
+    assert _v2_to_v3(json.loads(json.dumps(old)), "tagging") == old
+    saved = build_config(with_(QA, train={"debias": {"method": "learned_mixin"}}), saved=True)
+    new = build_config(with_(QA, train={"debias": {"method": "learned_mixin"}}), saved=False)
+    assert (saved.train.debias.gate_bias, new.train.debias.gate_bias) == (True, False)
+    assert make_debias(saved.train.debias, "independent", encoder).gate.bias is not None
+    assert make_debias(new.train.debias, "independent", encoder).gate.bias is None
+    with pytest.raises(ConfigError, match=r"^train.debias.gate_bias is read by learned_mixin and learned_mixin_h only"):
+        build_config(with_(QA, train={"debias": {"method": "bias_product", "gate_bias": True}}))
+
+
 def test_the_old_stride_name_in_a_saved_config_is_renamed_without_a_warning(tmp_path):
     """A checkpoint's posbias.yaml of version 0 or 1 says data.doc_stride: read as data.stride, the
     same hash, no warning (the user did not write it); written again it says stride, version 2."""
@@ -323,7 +361,7 @@ def test_the_old_stride_name_in_a_saved_config_is_renamed_without_a_warning(tmp_
             cfg = load_config(tmp_path / "posbias.yaml", saved=True)
         assert cfg.data.stride == 48 and cfg.hash() == FROZEN["qa"]
         written = cfg.to_dict()
-        assert written["config_version"] == CONFIG_VERSION == 2
+        assert written["config_version"] == CONFIG_VERSION == 3
         assert written["data"]["stride"] == 48 and "doc_stride" not in written["data"]
 
 

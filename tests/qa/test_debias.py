@@ -130,11 +130,15 @@ def test_learned_mixin_gate_gets_a_gradient(tokenizer, feats):
     batch, targets = batch_and_targets(feats)
     prior = answer_prior(feats, 96)
     for gate in ("cls", "max"):
-        model = debiased(tiny_model(tokenizer), "learned_mixin", prior, gate=gate)
-        model(batch, targets)["loss"].backward()
-        g = model.debias.gate
-        assert g.weight.grad is not None and g.weight.grad.abs().sum() > 0, gate
-        assert g.bias.grad.abs().sum() > 0, gate
+        for gate_bias in (None, True):  # the default: no bias term (Clark et al.); before version 3: one
+            model = debiased(tiny_model(tokenizer), "learned_mixin", prior, gate=gate, gate_bias=gate_bias)
+            model(batch, targets)["loss"].backward()
+            g = model.debias.gate
+            assert g.weight.grad is not None and g.weight.grad.abs().sum() > 0, gate
+            if gate_bias:
+                assert g.bias.grad.abs().sum() > 0, gate
+            else:
+                assert g.bias is None, gate
 
 
 def test_training_stats_report_the_gate_the_bias_was_scaled_by(tokenizer, feats):
