@@ -4,6 +4,10 @@ Shape legend: b items in a batch, s = longest item in the batch (no padding to m
 """
 from __future__ import annotations
 
+import queue
+import threading
+from typing import Callable
+
 import numpy as np
 
 
@@ -50,5 +54,81 @@ def eval_batches(order: np.ndarray, lengths: np.ndarray, batch_size: int,
 
 
 def move(batch: dict, device) -> dict:
-    """The batch's tensors on `device`."""
-    return {k: v.to(device) for k, v in batch.items()}
+    """The batch's tensors on `device`. To a CUDA device they are copied from pinned (page-locked)
+    memory without blocking: a copy from pageable memory first waits until the GPU has run
+    everything queued before it, which makes the GPU wait on Python for the next batch. A tensor
+    already pinned (`Prefetch(pin=True)`) is not copied again on the host. On a CPU (or MPS, where
+    pinning does not apply) a plain `.to`."""
+    if getattr(device, "type", str(device).split(":")[0]) != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: (v if v.is_pinned() else v.pin_memory()).to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def pin(batch: dict) -> dict:
+    """The batch's tensors in pinned memory (CUDA only: see `move`)."""
+    return {k: v.pin_memory() for k, v in batch.items()}
+
+
+class Prefetch:
+    """Collates `keys` (in that order) on one background thread, at most `depth` batches ahead of
+    the loop, so that the main thread only launches work on the device.
+
+    One producer filling a FIFO queue: the batches come out in exactly the order of `keys` (the
+    order `batch_order` computed), and `collate` is a pure function of its key, so a run is the
+    same batch for batch as collating on the main thread. An exception in `collate` is raised by
+    `get` of the batch that failed. `close` (or leaving a `with` block) stops the thread, also when
+    the loop ends before the keys do (early stopping, `train.max_steps`).
+    """
+
+    def __init__(self, collate: Callable, keys, *, depth: int = 2, pin_memory: bool = False):
+        self._keys = list(keys)
+        self._next = 0
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._fill, args=(collate, pin_memory), daemon=True,
+                                        name="posbias-collate")
+        self._thread.start()
+
+    def _fill(self, collate, pin_memory: bool) -> None:
+        for key in self._keys:
+            try:
+                item = collate(key)
+                if pin_memory:
+                    item = pin(item)
+            except BaseException as e:  # handed to the consumer, which raises it
+                item = e
+            while not self._stop.is_set():
+                try:
+                    self._queue.put((key, item), timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if self._stop.is_set() or isinstance(item, BaseException):
+                return
+
+    def get(self, key) -> dict:
+        """The next batch, which must be the one of `key` (the loop and the keys agree on the order)."""
+        if self._next >= len(self._keys) or self._keys[self._next] != key:
+            raise RuntimeError(f"Prefetch: asked for batch {key!r}, next is "
+                               f"{self._keys[self._next] if self._next < len(self._keys) else 'none'!r}")
+        self._next += 1
+        got, item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        assert got == key, (got, key)  # one producer, FIFO: cannot differ
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:  # free a producer blocked on a full queue
+                self._queue.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from .analysis.updates import PositionUpdateCounter
-from .batching import batch_order, move
+from .batching import Prefetch, batch_order, move
 from .checkpoint import MODEL_META, check_max_seq_len, save_checkpoint
 from .compat import resumable_keys
 from .config import RunConfig, load_config, save_config
@@ -260,8 +260,11 @@ class _Run:
 
 
 def _new_window() -> dict:
-    """Loss and throughput since the last log line."""
-    return {"loss": 0.0, "n": 0, "examples": 0, "tokens": 0, "padded": 0, "t0": time.perf_counter()}
+    """Loss and throughput since the last log line. `pending`: (step, loss) of the micro-batches
+    whose loss is still on the device, read by `_read_losses` when a log line, an evaluation or a
+    checkpoint is due (one device -> host copy there, none per step)."""
+    return {"loss": 0.0, "n": 0, "examples": 0, "tokens": 0, "padded": 0, "t0": time.perf_counter(),
+            "pending": []}
 
 
 @dataclass
@@ -272,6 +275,7 @@ class _Loop:
     bar: Any
     lines: bool  # plain progress lines (a log file) instead of the bar
     window: dict  # loss and throughput since the last log line (`_new_window`)
+    prefetch: Any = None  # the epoch's collated micro-batches (`batching.Prefetch`), this process's share
 
 
 def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, progress: bool = True,
@@ -480,52 +484,60 @@ def _train_epoch(run: _Run, loop: _Loop) -> None:
         atomic_write_json(run.out / "data_order" / f"epoch-{epoch}.json",
                           {"seed": t.seed, "epoch": epoch, "batches": ids,
                            "windows": [b.tolist() for b in batches]}, indent=None)
-    while loop.step < run.total_steps and loop.step // run.sched.steps_per_epoch == epoch:
-        _train_step(run, loop, batches)
-        if loop.step % t.log_every == 0 or loop.step == run.total_steps:
-            _log_step(run, loop)
-        _evaluate_and_save(run, loop)
-        if run.state.get("stopped_early"):  # the main metric stopped improving: best/ holds the best
-            return
+    # This process's micro-batches for the rest of the epoch, collated off the main thread.
+    end = min(run.total_steps, (epoch + 1) * run.sched.steps_per_epoch)
+    keys = [bi for s in range(loop.step, end)
+            for bi in run.sched.micro_batches(s % run.sched.steps_per_epoch, run.acc.process_index)]
+
+    def collate(bi: int) -> dict:
+        return run.task.collate(run.feats, batches[bi], run.tokenizer, with_labels=True)
+
+    with Prefetch(collate, keys, pin_memory=run.acc.device.type == "cuda") as loop.prefetch:
+        while loop.step < run.total_steps and loop.step // run.sched.steps_per_epoch == epoch:
+            try:
+                _train_step(run, loop, batches)
+            except Exception:
+                # Steps after a non-finite loss train on damaged weights until the next read: a
+                # failure there (an op that refuses NaN) is the divergence's, reported as such.
+                _raise_if_diverged(run, loop)
+                raise
+            if loop.step % t.log_every == 0 or loop.step == run.total_steps:
+                _log_step(run, loop)
+            _evaluate_and_save(run, loop)
+            if run.state.get("stopped_early"):  # the main metric stopped improving: best/ holds the best
+                return
 
 
 def _train_step(run: _Run, loop: _Loop, batches: list) -> None:
-    """One optimizer step: its micro-batches (this process's share of `batches`, the epoch's order),
-    each with its perturbed passes, forward and backward; a non-finite loss on any process stops
-    the run before the step reaches the weights."""
+    """One optimizer step: its micro-batches (this process's share of `batches`, the epoch's order,
+    collated by `loop.prefetch`), each with its perturbed passes, forward and backward. The losses
+    stay on the device until `_read_losses` (at the next log line, evaluation or checkpoint), which
+    stops the run on a non-finite one before anything of its step is saved."""
     t, acc, window = run.cfg.train, run.acc, loop.window
     step = loop.step
     t_step = time.perf_counter()
-    bad_loss = None
     micro = run.sched.micro_batches(step % run.sched.steps_per_epoch, acc.process_index)
     epoch = step // run.sched.steps_per_epoch
     for j, bi in enumerate(micro):
-        batch = run.task.collate(run.feats, batches[bi], run.tokenizer, with_labels=True)
+        batch = loop.prefetch.get(bi)
         # The replace-perturbed batch, then one perturbed copy per augment perturbation; the draws
         # are the global batch's own, whichever process trains it.
         gen = batch_generator(t.seed, epoch, bi)
-        passes = [move(b, acc.device) for b in training_passes(batch, run.replace, run.augment, gen)]
-        for b in passes:
+        passes = training_passes(batch, run.replace, run.augment, gen)
+        for b in passes:  # counted on the host's copy: no device -> host copy per step
             run.updates.add_model_batch(run.raw_model, b)  # the ids the encoder is given (DyReF: queries, +2)
             window["tokens"] += int(b["attention_mask"].sum())
             window["padded"] += b["input_ids"].numel()
+        passes = [move(b, acc.device) for b in passes]
         sync = j == len(micro) - 1
         ctx = acc.no_sync(run.model) if not sync else contextlib.nullcontext()
         with ctx:
             loss = passes_loss(run.model, passes, run.task.targets)
             acc.backward(loss / len(micro))
-        value = loss.item()
-        if not math.isfinite(value):
-            bad_loss = value
-        window["loss"] += value
-        window["n"] += 1
+        # Read at the next log line, evaluation or checkpoint (`_read_losses`), not here: `.item()`
+        # per micro-batch would make the GPU wait on Python every step.
+        window["pending"].append((step + 1, loss.detach()))
         window["examples"] += len(batches[bi])
-    # A NaN/inf loss (on any process) stops the run before the step reaches the weights.
-    diverged = torch.tensor(float(bad_loss is not None), device=acc.device)
-    if acc.num_processes > 1:
-        diverged = acc.reduce(diverged, reduction="sum")
-    if diverged.item():
-        _diverged(run.out, step + 1, bad_loss, run.last_dir)
     if t.max_grad_norm:
         acc.clip_grad_norm_(run.model.parameters(), t.max_grad_norm)
     run.optimizer.step()
@@ -539,6 +551,7 @@ def _train_step(run: _Run, loop: _Loop, batches: list) -> None:
 
 def _log_step(run: _Run, loop: _Loop) -> None:
     """A train_log.jsonl line (main process), the progress bar or line, the trackers; then a new window."""
+    _read_losses(run, loop)
     acc, window, step = run.acc, loop.window, loop.step
     dt = time.perf_counter() - window["t0"]
     rec = {"step": step, "epoch": round(step / run.sched.steps_per_epoch, 4),
@@ -574,6 +587,8 @@ def _evaluate_and_save(run: _Run, loop: _Loop) -> None:
         step == run.total_steps or (t.eval_every and step % t.eval_every == 0)
         or (not t.eval_every and end_of_epoch))
     do_save = do_eval or step == run.total_steps or (t.save_every and step % t.save_every == 0)
+    if do_eval or do_save:
+        _read_losses(run, loop)  # nothing of a step with a non-finite loss is evaluated or saved
     if do_eval:
         result = run.task.evaluate(run.model, run.tokenizer, run.cfg, run.eval_ds, out / "eval.tmp",
                                    accelerator=run.acc, progress=run.progress)
@@ -662,6 +677,42 @@ def _flat_config(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def _read_losses(run: _Run, loop: _Loop) -> None:
+    """Add the losses still on the device (`window["pending"]`) to the window, in one device ->
+    host copy, and stop the run when one of them, on any process, is NaN/inf: named by the first
+    such step, whose update (and the steps' after it) is in the weights but in nothing saved, since
+    every log line, evaluation and checkpoint reads first. All processes read at the same steps."""
+    window = loop.window
+    pending, window["pending"] = window["pending"], []
+    values = torch.stack([loss.float() for _, loss in pending]).tolist() if pending else []
+    first = None  # (step, value) of the first non-finite loss of this process
+    for (step, _), value in zip(pending, values):  # the same float64 sum, in the same order, as before
+        if first is None and not math.isfinite(value):
+            first = (step, value)
+        window["loss"] += value
+        window["n"] += 1
+    bad_step = first[0] if first else None
+    if run.acc.num_processes > 1:  # the earliest non-finite step over the processes
+        flag = torch.tensor(bad_step if first else run.total_steps + 1, device=run.acc.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        bad_step = int(flag) if int(flag) <= run.total_steps else None
+    if bad_step is not None:
+        _diverged(run.out, bad_step, first[1] if first and first[0] == bad_step else None, run.last_dir)
+
+
+def _raise_if_diverged(run: _Run, loop: _Loop) -> None:
+    """This process's pending losses read after a failed step: the divergence error when one is
+    not finite (no collective: the other processes are not at this point)."""
+    try:
+        pending = loop.window["pending"]
+        values = torch.stack([loss.float() for _, loss in pending]).tolist() if pending else []
+    except Exception:  # the device itself failed: the original error says more
+        return
+    for (step, _), value in zip(pending, values):
+        if not math.isfinite(value):
+            _diverged(run.out, step, value, run.last_dir)
+
+
 def _diverged(out: Path, step: int, value, last_dir: Path) -> None:
     """Stop a run whose loss became NaN/inf at `step`, naming the last good checkpoint (`train`
     records the error in run_info.json, as for any failure)."""
@@ -671,7 +722,8 @@ def _diverged(out: Path, step: int, value, last_dir: Path) -> None:
     except (ConfigError, OSError):
         where = "no checkpoint was saved before it"
     what = f"the training loss is {value}" if value is not None else "the training loss of another process is not finite"
-    raise TrainingError(f"{out}: {what} at step {step}; stopped, nothing of that step was saved, {where}. "
+    raise TrainingError(f"{out}: {what} at step {step}; stopped, nothing of that step or after was saved, "
+                        f"{where}. "
                         "Lower train.lr, set train.max_grad_norm, or check the data")
 
 

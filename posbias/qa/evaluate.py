@@ -31,6 +31,10 @@ from .readers import read_dataset
 # EVAL_CACHE_TOKENS tokens of windows are kept besides the batch in flight.
 EVAL_CHUNK_CHARS = 1 << 18
 EVAL_CACHE_TOKENS = 1 << 18
+# Freed heap pages go back to the OS every TRIM_EVERY batches and after the last (`release_freed_memory`):
+# often enough that the holes of a few batches never add up, rarely enough that a GPU evaluating a
+# small encoder does not wait on a heap walk per batch.
+TRIM_EVERY = 16
 
 
 def eval_features(examples: list[QAExample], tokenizer, cfg: RunConfig, source: str) -> QAFeatures:
@@ -71,7 +75,8 @@ def run_windows(model, features: QAFeatures | StreamedFeatures, *, pad_id: int, 
     rows = []
     with torch.inference_mode():
         batches = eval_batches(order, features.lengths, batch_size, max_tokens)
-        for idx in tqdm(batches, desc="eval", leave=False, disable=not progress or rank != 0 or not interactive()):
+        for n, idx in enumerate(tqdm(batches, desc="eval", leave=False,
+                                     disable=not progress or rank != 0 or not interactive())):
             windows = features.select(idx)  # this batch's windows, rows 0..b-1
             batch = collate(windows, np.arange(len(idx)), pad_id=pad_id, padding_side=padding_side)
             batch["window"] = torch.from_numpy(idx.astype(np.int64))
@@ -86,7 +91,9 @@ def run_windows(model, features: QAFeatures | StreamedFeatures, *, pad_id: int, 
             rows.append(idx)
             del windows, batch, scores
             # Batches of ever shorter windows leave holes in glibc's heap that add up otherwise.
-            release_freed_memory()
+            if (n + 1) % TRIM_EVERY == 0:
+                release_freed_memory()
+    release_freed_memory()
     model.train(was_training)
     if world > 1:
         from accelerate.utils import gather_object

@@ -92,3 +92,76 @@ def test_gradient_accumulation_equals_a_bigger_batch(tmp_path, monkeypatch, toke
     assert acc_err < 1e-4, acc_err
     # ... while half the batch alone is a different step (the comparison can fail).
     assert half_err > 1e-2, half_err
+
+
+# ---- collation on a background thread, copies to a GPU
+
+def test_prefetch_gives_every_batch_in_order_from_another_thread():
+    import threading
+
+    from posbias.batching import Prefetch
+
+    threads = set()
+
+    def collate(key):
+        threads.add(threading.current_thread() is threading.main_thread())
+        return {"x": key * 10}
+
+    keys = [5, 3, 3, 9, 0, 7]
+    with Prefetch(collate, keys, depth=2) as p:
+        assert [p.get(k)["x"] for k in keys] == [50, 30, 30, 90, 0, 70]
+    assert threads == {False}
+
+
+def test_prefetch_raises_the_collation_error_and_stops_early_without_hanging():
+    import pytest
+
+    from posbias.batching import Prefetch
+
+    def collate(key):
+        if key == 2:
+            raise ValueError("bad window 2")
+        return {"x": key}
+
+    with Prefetch(collate, [0, 1, 2, 3]) as p:
+        assert p.get(0) == {"x": 0} and p.get(1) == {"x": 1}
+        with pytest.raises(ValueError, match="bad window 2"):
+            p.get(2)
+    p = Prefetch(lambda k: {"x": k}, list(range(100)), depth=1)  # the loop stops after one (early stopping)
+    assert p.get(0) == {"x": 0}
+    p.close()
+    assert not p._thread.is_alive()
+    with Prefetch(lambda k: {"x": k}, [1, 2]) as p, pytest.raises(RuntimeError, match="asked for batch 2"):
+        p.get(2)  # out of order: the loop and the keys disagree
+
+
+class _StandIn:
+    """A CPU tensor's stand-in that records what `move` asks of it (pinning needs a CUDA build)."""
+
+    def __init__(self, pinned=False):
+        self.pinned, self.calls = pinned, []
+
+    def is_pinned(self):
+        return self.pinned
+
+    def pin_memory(self):
+        self.calls.append("pin")
+        return _StandIn(pinned=True)
+
+    def to(self, device, non_blocking=False):
+        self.calls.append(("to", str(device), non_blocking))
+        return self
+
+
+def test_move_to_cuda_copies_from_pinned_memory_without_blocking():
+    import torch
+
+    from posbias.batching import move
+
+    plain, pinned = _StandIn(), _StandIn(pinned=True)
+    out = move({"a": plain, "b": pinned}, torch.device("cuda", 1))
+    assert plain.calls == ["pin"] and out["a"].pinned and out["a"].calls == [("to", "cuda:1", True)]
+    assert pinned.calls == [("to", "cuda:1", True)]  # already pinned (by the prefetch thread): no second copy
+    cpu = _StandIn()
+    move({"a": cpu}, torch.device("cpu"))
+    assert cpu.calls == [("to", "cpu", False)]  # on a CPU: a plain copy, nothing pinned

@@ -200,3 +200,17 @@ def test_many_questions_on_one_long_context_are_built_one_example_at_a_time(toke
         tracemalloc.stop()
     assert len(preds) == 40
     assert peak < 8 * one, f"peak {peak / 2**20:.1f} MiB, one example's windows {one / 2**20:.1f} MiB"
+
+
+def test_freed_memory_is_released_every_few_batches_not_every_batch(tokenizer, demo_examples, monkeypatch):
+    """`malloc_trim` walks the whole heap: once per TRIM_EVERY batches and once at the end, so that a
+    GPU evaluating a small encoder does not wait on it batch after batch."""
+    calls = []
+    monkeypatch.setattr(ev, "release_freed_memory", lambda: calls.append(1))
+    cfg = build_config(tiny_config(data=dict(DATA), train={"eval_batch_size": 2}))
+    feats = ev.eval_features(demo_examples[:30], tokenizer, cfg, "demo")
+    n_batches = -(-len(feats) // 2)
+    assert n_batches > 2 * ev.TRIM_EVERY
+    ev.run_windows(tiny_model(tokenizer), feats, pad_id=tokenizer.pad_token_id, padding_side="right",
+                   batch_size=2, n_best=3, max_answer_len=30, progress=False)
+    assert len(calls) == n_batches // ev.TRIM_EVERY + 1

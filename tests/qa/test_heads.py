@@ -161,6 +161,97 @@ def test_chunked_matrix_scores_equal_the_concatenation_formula(monkeypatch):
     torch.testing.assert_close(block, expect, rtol=1e-12, atol=1e-12)
 
 
+def _rows_per_example(scorer, a, hidden, rows, cols=None, cache_elements=matrix_mod.CACHE_ELEMENTS):
+    """The no-grad `PairScorer.rows` before it was batched: one example at a time, its candidate
+    columns found with `nonzero` (a host read per example on a GPU). The reference of the test below."""
+    n, s, width = a.shape
+    b_rows = scorer.project_rows(hidden, rows)
+    v = scorer.v.weight[0]
+    out = a.new_full((n, rows.shape[1], s), float("-inf"))
+    for i in range(n):
+        idx = cols[i].nonzero().squeeze(1) if cols is not None else None
+        a_i = a[i] if idx is None else a[i, idx]
+        step = max(1, cache_elements // max(1, a_i.shape[0] * width))
+        for c in range(0, rows.shape[1], step):
+            z = torch.tanh(a_i[None] + b_rows[i, c:c + step, None]) @ v
+            if idx is None:
+                out[i, c:c + step] = z
+            else:
+                out[i, c:c + step, idx] = z
+    return out
+
+
+def _no_host_reads(monkeypatch, *modules):
+    """Pretend the tensors are on a GPU (`reads_wait`) and fail on any `nonzero`, the host read."""
+    for m in modules:
+        monkeypatch.setattr(m, "reads_wait", lambda t: True, raising=False)  # raising: the code before the seam
+
+    def nonzero(*args, **kwargs):
+        raise AssertionError("nonzero: a host read per forward on a GPU")
+
+    monkeypatch.setattr(torch.Tensor, "nonzero", nonzero)
+    monkeypatch.setattr(torch, "nonzero", nonzero)
+
+
+@pytest.mark.parametrize("gpu_like", [False, True], ids=["cpu", "gpu-like"])
+@pytest.mark.parametrize("budget", [None, 5 * 8, 7 * 40 * 8], ids=["default", "one-row", "rows-of-examples"])
+def test_batched_no_grad_rows_equal_the_per_example_loop(monkeypatch, gpu_like, budget):
+    """The no-grad matrix rows (MaP inference, the sampled loss's column choice), computed in blocks
+    of the whole batch, equal the old per-example loop on random inputs, with and without a
+    candidate mask, for any block size; and on a GPU they need no `nonzero`."""
+    from posbias.qa.heads import pointer as pointer_mod
+
+    torch.manual_seed(11)
+    scorer = matrix_mod.PairScorer(12, 8)
+    h = torch.randn(5, 40, 12)
+    a = scorer.project(h)
+    rows = torch.randint(0, 40, (5, 7))
+    cols = torch.rand(5, 40) > 0.3
+    cols[3] = False  # an example without candidates: a row of -inf
+    with torch.no_grad():
+        want = [_rows_per_example(scorer, a, h, rows), _rows_per_example(scorer, a, h, rows, cols)]
+        if budget is not None:
+            monkeypatch.setattr(matrix_mod, "CACHE_ELEMENTS", budget)
+            monkeypatch.setattr(matrix_mod, "CHUNK_ELEMENTS", budget)
+        if gpu_like:
+            _no_host_reads(monkeypatch, matrix_mod, pointer_mod)
+        got = [scorer.rows(a, h, rows), scorer.rows(a, h, rows, cols)]
+    for g, w in zip(got, want):
+        assert torch.equal(torch.isinf(g), torch.isinf(w))
+        scale = w[torch.isfinite(w)].abs().max()
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-6 * float(scale))
+
+
+@pytest.mark.parametrize("name, options", [("conditional_pointer", {}), ("matrix", {}),
+                                           ("matrix", {"inference": "exact"}),
+                                           ("matrix", {"direction": "both", "training": "exact"})])
+def test_vcp_and_map_forwards_need_no_host_read_on_a_gpu(tokenizer, feats, monkeypatch, name, options):
+    """VCP's and MaP's forwards, losses and decoding take no `nonzero` (a host read that makes the GPU
+    wait) when the tensors are on a GPU (`reads_wait`), and give what they give on a CPU."""
+    from posbias.qa.heads import pointer as pointer_mod
+
+    model = head_model(tokenizer, name, options).double()
+    batch, targets = batch_of(feats)
+
+    def run():
+        torch.manual_seed(0)  # the same dropout masks
+        model.train()
+        loss = model(batch, targets)["loss"]
+        model.eval()
+        with torch.no_grad():
+            scores = model(batch)
+            spans = model.head.top_spans(scores, batch["span_mask"], batch["span_mask"], 10, 5) \
+                if hasattr(model.head, "top_spans") else (scores["start_logits"], scores["end_logits"])
+        return loss, spans
+
+    want = run()
+    _no_host_reads(monkeypatch, matrix_mod, pointer_mod)
+    got = run()
+    torch.testing.assert_close(got[0], want[0], rtol=1e-9, atol=0)
+    for g, w in zip(got[1], want[1]):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+
+
 def test_sampled_block_holds_the_gold_pair_exactly_once():
     torch.manual_seed(2)
     scores = torch.randn(3, 10)

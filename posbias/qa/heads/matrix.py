@@ -49,11 +49,11 @@ from torch.utils.checkpoint import checkpoint
 
 from ...errors import ConfigError
 from ...registry import HEADS
-from .pointer import AdditivePointer, QuestionPooling, check_width, cross_entropy, question_mask, upcast
+from .pointer import AdditivePointer, QuestionPooling, check_width, cross_entropy, question_mask, reads_wait, upcast
 from .span_scores import band_from_matrix, candidate_mask, masked_logits
 
 CHUNK_ELEMENTS = 1 << 24  # with gradient, tanh inputs per chunk of rows: (b, r, s, l) <= 16M floats = 64 MB
-CACHE_ELEMENTS = 1 << 20  # without, per chunk of one example's rows: (r, s, l) <= 1M floats = 4 MB
+CACHE_ELEMENTS = 1 << 20  # without, on a CPU, per block of (examples, rows): (e, r, c, l) <= 1M floats = 4 MB
 NEG = float("-inf")
 KEY = {"forward": "fwd", "backward": "bwd"}
 
@@ -84,8 +84,12 @@ class PairScorer(nn.Module):
         `a` is `project(hidden)`.
 
         With gradient: chunks of rows over the batch, each recomputed in backward (checkpointing).
-        Without: one example at a time, in chunks small enough for the (r, s, l) tanh input to stay
-        in cache (about 2x faster than whole-batch chunks on CPU), in place.
+        Without: blocks of (examples, rows) of the whole batch, in place, a block's (e, r, c, l) tanh
+        input within a budget: on a CPU small enough to stay in cache (CACHE_ELEMENTS; about 2x
+        faster than whole-batch chunks), so a long window's rows go one example at a time; on a GPU
+        CHUNK_ELEMENTS, few blocks for the batch. The columns computed are on a CPU those some example
+        of the batch has as candidates, on a GPU all of them (choosing them would be a host read,
+        `reads_wait`); the others come back -inf as before.
         """
         n, s, width = a.shape
         b_rows = self.project_rows(hidden, rows)  # (b, r, l)
@@ -96,19 +100,24 @@ class PairScorer(nn.Module):
                            for c in range(0, rows.shape[1], step)], dim=1)
             return z if cols is None else z.masked_fill(~cols[:, None, :], NEG)
         v = self.v.weight[0]  # (l,)
-        out = a.new_full((n, rows.shape[1], s), NEG)
-        for i in range(n):
-            idx = cols[i].nonzero().squeeze(1) if cols is not None else None
-            a_i = a[i] if idx is None else a[i, idx]  # (c, l)
-            step = max(1, CACHE_ELEMENTS // max(1, a_i.shape[0] * width))
-            for c in range(0, rows.shape[1], step):
-                x = a_i[None] + b_rows[i, c:c + step, None]  # (rc, c, l)
-                z = torch.tanh_(x) @ v  # (rc, c)
-                if idx is None:
-                    out[i, c:c + step] = z
-                else:
-                    out[i, c:c + step, idx] = z
-        return out
+        idx = None
+        if cols is not None and not reads_wait(cols):
+            idx = cols.any(0).nonzero().squeeze(1)  # (c,) the batch's candidate columns
+            a = a[:, idx]  # (b, c, l)
+        r, c = rows.shape[1], a.shape[1]
+        budget = CACHE_ELEMENTS if a.device.type == "cpu" else CHUNK_ELEMENTS
+        rs = min(r, max(1, budget // max(1, c * width)))  # rows per block
+        es = max(1, budget // max(1, rs * c * width))  # examples per block
+        z = a.new_empty((n, r, c))
+        for e in range(0, n, es):
+            for q in range(0, r, rs):
+                x = a[e:e + es, None] + b_rows[e:e + es, q:q + rs, None]  # (e, rs, c, l)
+                z[e:e + es, q:q + rs] = torch.tanh_(x) @ v  # (e, rs, c)
+        if idx is not None:
+            out = a.new_full((n, r, s), NEG)
+            out[:, :, idx] = z
+            z = out
+        return z if cols is None else z.masked_fill_(~cols[:, None, :], NEG)
 
     def pairs(self, a: torch.Tensor, hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """(b, r, c) logits z(rows[b, r], cols[b, r, c]): the sampled block of Eq. 8-12."""

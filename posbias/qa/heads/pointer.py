@@ -26,6 +26,13 @@ from ...registry import HEADS
 from .span_scores import AdditiveSpans, candidate_mask, masked_logits
 
 
+def reads_wait(t: torch.Tensor) -> bool:
+    """Whether reading `t`'s values on the host (`nonzero`, `int(t)`) waits for a device: for any
+    tensor not on the CPU. A forward then keeps to shapes that need no such read, so that the GPU
+    never waits on Python; on a CPU it may use them to skip work."""
+    return t.device.type != "cpu"
+
+
 def check_width(width, hidden_size: int) -> int:
     """The additive-attention width l (`model.head_options.width`); default: the hidden size."""
     if width is None:
@@ -44,12 +51,14 @@ class QuestionPooling(nn.Module):
         self.v = nn.Linear(width, 1, bias=False)  # v_Q
 
     def forward(self, hidden: torch.Tensor, question_mask: torch.Tensor) -> torch.Tensor:
-        # Only the columns from the batch's first to its last question token are scored: the others
-        # are masked anyway, and the question is a small part of a window.
-        cols = question_mask.any(0).nonzero()
-        if len(cols):
-            lo, hi = int(cols[0]), int(cols[-1]) + 1
-            hidden, question_mask = hidden[:, lo:hi], question_mask[:, lo:hi]
+        # On a CPU only the columns from the batch's first to its last question token are scored:
+        # the others are masked anyway, and the question is a small part of a window. On a GPU the
+        # bounds would be a host read per forward (`reads_wait`): every column is scored and masked.
+        if not reads_wait(question_mask):
+            cols = question_mask.any(0).nonzero()
+            if len(cols):
+                lo, hi = int(cols[0]), int(cols[-1]) + 1
+                hidden, question_mask = hidden[:, lo:hi], question_mask[:, lo:hi]
         logits = self.v(torch.tanh(self.proj(hidden))).squeeze(-1)  # (b, q)
         p_init = masked_logits(logits, question_mask).softmax(-1)  # (b, q)
         return torch.einsum("bs,bsd->bd", p_init, hidden)
