@@ -80,14 +80,18 @@ class Prefetch:
     the loop ends before the keys do (early stopping, `train.max_steps`).
     """
 
-    def __init__(self, collate: Callable, keys, *, depth: int = 2, pin_memory: bool = False):
+    def __init__(self, collate: Callable, keys, *, depth: int = 2, pin_memory: bool = False,
+                 thread: bool = True):
         self._keys = list(keys)
         self._next = 0
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._fill, args=(collate, pin_memory), daemon=True,
                                         name="posbias-collate")
-        self._thread.start()
+        # thread=False: collate in `get`, on the caller's thread (the CPU: nothing to overlap with).
+        self._inline = None if thread else (collate, pin_memory)
+        if thread:
+            self._thread.start()
 
     def _fill(self, collate, pin_memory: bool) -> None:
         for key in self._keys:
@@ -112,6 +116,10 @@ class Prefetch:
             raise RuntimeError(f"Prefetch: asked for batch {key!r}, next is "
                                f"{self._keys[self._next] if self._next < len(self._keys) else 'none'!r}")
         self._next += 1
+        if self._inline is not None:
+            collate, pin_memory = self._inline
+            item = collate(key)
+            return pin(item) if pin_memory else item
         got, item = self._queue.get()
         if isinstance(item, BaseException):
             raise item
@@ -120,6 +128,8 @@ class Prefetch:
 
     def close(self) -> None:
         self._stop.set()
+        if self._inline is not None:
+            return
         while self._thread.is_alive():
             try:  # free a producer blocked on a full queue
                 self._queue.get(timeout=0.1)

@@ -492,7 +492,8 @@ def _train_epoch(run: _Run, loop: _Loop) -> None:
     def collate(bi: int) -> dict:
         return run.task.collate(run.feats, batches[bi], run.tokenizer, with_labels=True)
 
-    with Prefetch(collate, keys, pin_memory=run.acc.device.type == "cuda") as loop.prefetch:
+    ahead = collate_ahead(run.acc.device)
+    with Prefetch(collate, keys, pin_memory=run.acc.device.type == "cuda", thread=ahead) as loop.prefetch:
         while loop.step < run.total_steps and loop.step // run.sched.steps_per_epoch == epoch:
             try:
                 _train_step(run, loop, batches)
@@ -506,6 +507,13 @@ def _train_epoch(run: _Run, loop: _Loop) -> None:
             _evaluate_and_save(run, loop)
             if run.state.get("stopped_early"):  # the main metric stopped improving: best/ holds the best
                 return
+
+
+def collate_ahead(device) -> bool:
+    """Whether the next batches are collated on a background thread (and pinned): on CUDA, where it
+    overlaps the GPU's work. On a CPU there is nothing to overlap, the thread cost system time
+    (BENCHMARKS, "Host synchronisations"), and a gloo run once hung at exit with it: inline there."""
+    return device.type == "cuda"
 
 
 def _train_step(run: _Run, loop: _Loop, batches: list) -> None:

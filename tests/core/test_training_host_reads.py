@@ -153,12 +153,17 @@ def test_training_collates_off_the_main_thread_in_the_recorded_order(tmp_path, m
         return real(self, features, idx, tokenizer, **kw)
 
     monkeypatch.setattr(QATask, "collate", collate)
-    d = tiny_config(tmp_path, data={"eval_file": None})
-    d["train"].update(max_steps=4, batch_size=4)
-    posbias.train(build_config(d), progress=False)
-    order = json.loads((tmp_path / "run" / "data_order" / "epoch-0.json").read_text())["windows"]
-    assert [idx for _, idx in seen] == order[:4]
-    assert not any(main for main, _ in seen)
+    from posbias import training
+
+    for ahead in (False, True):  # the CPU's default, inline; the thread CUDA runs use
+        seen.clear()
+        monkeypatch.setattr(training, "collate_ahead", lambda device, ahead=ahead: ahead)
+        d = tiny_config(tmp_path, data={"eval_file": None}, train={"output_dir": str(tmp_path / f"run{ahead}")})
+        d["train"].update(max_steps=4, batch_size=4)
+        posbias.train(build_config(d), progress=False)
+        order = json.loads((tmp_path / f"run{ahead}" / "data_order" / "epoch-0.json").read_text())["windows"]
+        assert [idx for _, idx in seen] == order[:4]
+        assert all(main is not ahead for main, _ in seen), ahead
 
 
 @pytest.mark.gpu
