@@ -814,7 +814,10 @@ def _check_world_size(ckpt: Path, world: int) -> None:
     batches each step takes, the schedule's length and the per-process random states depend on it.
     Checkpoints from before trainer_state.json had `world_size` tell it by their per-process random
     states."""
-    saved = _read_trainer_state(ckpt / "trainer_state.json").get("world_size")
+    try:
+        saved = _read_trainer_state(ckpt / "trainer_state.json").get("world_size")
+    except Exception:  # a damaged trainer_state.json: _load_resume names it, with the run owned
+        return
     if saved is None:
         rng = load_state(ckpt).get("rng")
         saved = len(rng) if isinstance(rng, list) else world  # a damaged state is _load_resume's to name
