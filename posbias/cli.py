@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import devices
 from .errors import ConfigError, PosbiasError, known_failure
 from .records import unicode_problem
 from .utils import json_text
@@ -566,8 +567,11 @@ def main(argv=None) -> int:
     # The one exception boundary: a failure the user can act on (bad input, a damaged file, a
     # read-only folder, a full disk) is one line and exit 2; anything else is a bug and keeps its
     # traceback. POSBIAS_DEBUG=1 shows the traceback of every failure that is not a PosbiasError.
+    ok = False
     try:
-        return run(args)
+        code = run(args)
+        ok = code == 0
+        return code
     except KeyboardInterrupt:
         print("posbias: interrupted", file=sys.stderr)
         return 130
@@ -577,6 +581,9 @@ def main(argv=None) -> int:
             raise
         print(f"posbias: error: {_in_flags(message, args)}", file=sys.stderr)
         return 2
+    finally:
+        if "torch.distributed" in sys.modules:  # a launcher's run (torchrun / accelerate launch) ends its group
+            devices.end_launch(ok)
 
 
 if __name__ == "__main__":

@@ -652,7 +652,8 @@ def _finish(run: _Run, step: int) -> dict:
         atomic_write_json(out / "position_updates.json", run.updates.to_dict(), indent=None)
         run.run_info.update(status="finished", finished=now_iso(), summary=summary)
         atomic_write_json(out / "run_info.json", run.run_info)
-    run.acc.end_training()
+    for tracker in run.acc.trackers:  # accelerate's end_training, less its destroy_process_group: under a
+        tracker.finish()  # launcher the group is the caller's (the CLI ends it: devices.end_launch)
     return summary
 
 

@@ -18,7 +18,7 @@ from posbias.errors import ConfigError
 
 from helpers import BIN, CPU_ONLY_ENV, DEMO_DEV, assert_close_to_scale, run_cli, tiny_config
 from helpers.hf import SENTENCES
-from helpers.ranks import callback_metrics, evaluate_few_windows, merged_update_counts, run_ranks
+from helpers.ranks import callback_metrics, evaluate_few_windows, merged_update_counts, process_group_lifetime, run_ranks
 
 
 def test_position_updates_count_a_step_once_when_any_process_saw_the_position():
@@ -32,6 +32,27 @@ def test_position_updates_count_a_step_once_when_any_process_saw_the_position():
     for i in (1, 2, 3, 5, 7, 8):
         expect[i] = 1
     assert a["merged"] == b["merged"] == {"steps": 2, "counts": expect}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_the_process_group_outlives_api_runs_and_the_cli_ends_it(tmp_path):
+    """posbias.train() under a launcher leaves the group to its caller (before, accelerate's
+    end_training destroyed it, so a second run in the process could not train as 2 processes);
+    `posbias train` ends it, and no gloo thread is left for interpreter exit, where one finishing a
+    collective's clean-up aborted the process ("terminate called without an active exception",
+    about 1 run in 8 of a busy 2-process run)."""
+    def config(name):
+        return tiny_config(tmp_path, data={"eval_file": None},
+                           train={"output_dir": str(tmp_path / name), "max_steps": 2, "batch_size": 4})
+
+    path = tmp_path / "cli.yaml"
+    path.write_text(yaml.safe_dump(config("cli")))
+    a, b = run_ranks(process_group_lifetime, 2, config("first"), config("second"), str(path), timeout=300)
+    for r in (a, b):
+        assert r["after_first"] and r["after_second"] and r["second_steps"] == 2
+        assert r["threads_before"]  # the group's threads ran: the check below can see them
+        assert r["cli_code"] == 0 and not r["after_cli"] and r["threads_after"] == []
+    assert json.loads((tmp_path / "second" / "run_info.json").read_text(encoding="utf-8"))["world_size"] == 2
 
 
 def test_two_processes_train_as_one_with_gradient_accumulation(tmp_path):

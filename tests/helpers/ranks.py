@@ -142,3 +142,38 @@ def callback_metrics(rank: int, world: int, conll: str) -> dict:
     metrics = {"eval_loss": 1.0}
     cb.on_evaluate(SimpleNamespace(bf16=False, fp16=False), state, None, model=model, metrics=metrics)
     return {"metrics": metrics, "own": cb.position_metrics(model)}
+
+
+def _gloo_threads() -> list[str]:
+    """The names of this process's gloo threads (Linux: /proc/self/task/*/comm)."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended while we looked
+            continue
+        if "gloo" in name:
+            names.append(name)
+    return sorted(names)
+
+
+def process_group_lifetime(rank: int, world: int, first: dict, second: dict, cli_config: str) -> dict:
+    """Two `posbias.train()` runs in one launched process, then `posbias train` through the CLI's
+    `main`: whether the group is still up after each API run, whether the second run trained, and
+    the gloo threads left after the CLI command."""
+    import torch.distributed as dist
+
+    import posbias
+    from posbias import cli
+    from posbias.config import build_config
+
+    posbias.train(build_config(first), progress=False)
+    after_first = dist.is_initialized()
+    second_summary = posbias.train(build_config(second), progress=False)
+    after_second = dist.is_initialized()
+    threads_before = _gloo_threads()
+    code = cli.main(["--quiet", "train", "qa", "-c", cli_config])
+    return {"after_first": after_first, "after_second": after_second, "second_steps": second_summary["steps"],
+            "cli_code": code, "after_cli": dist.is_initialized(), "threads_before": threads_before,
+            "threads_after": _gloo_threads()}
