@@ -116,8 +116,8 @@ def diagnose(model, data, output_dir, xs=None, overrides=None, progress: bool = 
     QA: answer-position quartiles and answer sentences, S_X segments (`xs`, default (100,)),
     position-update counts.
     Tagging: the duplicated-test-set evaluation F1(α) / Prec(α) / Rec(α) with shift mode, per
-    class, consistency and data statistics; options `k_max` (10), `quantiles` ((0.25, 0.75); None
-    for every sentence), `modes` (("duplicate", "shift")), `max_len`, `batch_tokens`
+    class, consistency and data statistics; options `k_max` (10), `quantiles` (a (low, high) pair; None
+    for every sentence; default "model": the quantiles the model trained on, else (0.25, 0.75)), `modes` (("duplicate", "shift")), `max_len`, `batch_tokens`
     (see `posbias.tagging.diagnose.diagnose`).
     """
     outputs.one_process("diagnose")

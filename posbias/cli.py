@@ -121,6 +121,8 @@ def _options(args) -> dict:
     """The task options of the parsed command (`_task_options`), lists as tuples."""
     out = {}
     for k in getattr(args, "task_options", ()):
+        if not hasattr(args, k):  # default=SUPPRESS: the API function's own default applies
+            continue
         v = getattr(args, k)
         if v is not None or k in args.none_means:
             out[k] = tuple(v) if isinstance(v, list) else v
@@ -229,10 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", required=True, help="diagnosis.md/.html/.json and plots go here")
     p.add_argument("--k-max", type=positive_int, default=10, help="duplicate each sentence k = 1..K times (default 10)")
     subset = p.add_mutually_exclusive_group()
-    subset.add_argument("--quantiles", type=unit_float, nargs=2, action=_Ordered, default=[0.25, 0.75],
+    subset.add_argument("--quantiles", type=unit_float, nargs=2, action=_Ordered, default=argparse.SUPPRESS,
                         metavar=("LOW", "HIGH"), help="D*: sentences whose length lies between these quantiles of "
-                                                      "the model's data.length_pool (default Q1 Q3)")
-    subset.add_argument("--all-sentences", dest="quantiles", action="store_const", const=None,
+                                                      "the model's data.length_pool (default: the quantiles the "
+                                                      "model trained on, its data.length_quantiles, else Q1 Q3)")
+    subset.add_argument("--all-sentences", dest="quantiles", action="store_const", const=None, default=argparse.SUPPRESS,
                         help="no length subset: evaluate every sentence that fits")
     p.add_argument("--modes", nargs="+", default=["duplicate", "shift"], choices=["duplicate", "shift"])
     p.add_argument("--max-len", type=positive_int, default=None, help="tokens per input (default: the model's position table)")

@@ -9,7 +9,8 @@
 #                        model.safetensors and the whole file's sha256
 #   .gpu/part2/minilm/   the other piece(s) of model.safetensors
 #   bench/out/gpu_data/  the queue items' data sets, gzipped (built from ../shared/data): rp_full/ for
-#                        bench/gpu/rp_full.yaml, probe/ for bench/gpu/lane_probe.py
+#                        bench/gpu/rp_full.yaml, probe/ for bench/gpu/lane_probe.py, shared/conll2003/
+#                        for bench/gpu/tpb_conll_full.yaml (ITEMS="tpb_conll": 2.2 MB)
 #
 # The pieces are split by size (PIECE_MB, default 44 MiB) so that part1 (wheels, data, first piece) and
 # part2 each fit one call; bench/gpu/remote.sh joins them on the GPU machine and checks the sha256.
@@ -79,6 +80,10 @@ for item in $ITEMS; do
             --out bench/out/gpu_data/build/d50_6k --truncate 50 --name train --seed 13 --keep-unanswerable --sample 6000
         mkdir -p "$out" && gzip -9 -c bench/out/gpu_data/build/d50_6k/train.json > "$out/train_d50_6k.json.gz"
       fi ;;
+    tpb_conll)  # bench/gpu/tpb_conll_full.yaml: CoNLL-2003 as it is (ignored files, never committed),
+      out=bench/out/gpu_data/shared/conll2003  # read there through POSBIAS_SHARED_DATA (remote.sh)
+      mkdir -p "$out"
+      for f in train.txt.gz valid.txt test.txt; do cp -n "$SHARED/conll2003/$f" "$out/"; done ;;
     *) echo "pack: unknown item $item" >&2; exit 2 ;;
   esac
 done

@@ -110,12 +110,14 @@ item() {
   local spec=bench/gpu/$name.yaml groups=()
   case "$name" in
     rp_full) for s in ${SEEDS:-1 2 3 4 5}; do groups+=("baseline/seed$s,random_padding/seed$s,random_padding_k64/seed$s"); done ;;
+    tpb_conll_full) for s in ${SEEDS:-23456 34567 45678 56789 67890}; do groups+=("baseline/seed$s,rpp/seed$s,cp/seed$s"); done ;;
     smoke) spec=posbias/configs/experiments/smoke.yaml; groups=("context_softmax/seed1,all_token_softmax/seed1" "context_softmax/seed2,all_token_softmax/seed2") ;;
     *) log "item: unknown $name"; return 2 ;;
   esac
   if [ "$name" != smoke ] && [ ! -e "$STASH/minilm.done" ]; then
     log "item $name: MiniLM is not installed (both parts needed)"; return 1
   fi
+  [ -d bench/out/gpu_data/shared ] && export POSBIAS_SHARED_DATA=$PWD/bench/out/gpu_data/shared  # shared: paths
   rm -rf "$STASH/$name"
   "$PY" bench/gpu/lanes.py "$spec" --deadline "$seconds" --lanes "$lanes" --archive "$STASH/$name" \
       --output-dir "$STASH/experiments/$name" --device "${LANES_DEVICE:-cuda}" --runs "${groups[@]}" 2>&1 | tee "$STASH/$name.log"

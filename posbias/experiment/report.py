@@ -76,7 +76,9 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
                   "have (marked when that is fewer than a mean covers), paired by seed "
                   "(t-test over seeds) and by example (bootstrap over QA questions, scores averaged over seeds, "
                   "or over tagging sentences, the corpus-level main metric recomputed on each resample; "
-                  "10,000 resamples). The 95% CI (t, seeds) is the t-interval of Δ over the paired seeds: what "
+                  + (f"{bootstrap_samples:,} resamples)" if bootstrap_samples else
+                     "no resamples here: `--bootstrap-samples 0`, so the bootstrap columns are empty)")
+                  + ". The 95% CI (t, seeds) is the t-interval of Δ over the paired seeds: what "
                   "the seeds support (with 3 seeds it spans ±4.3 standard errors). With several comparisons the "
                   "seed-level p-value is also given Holm-adjusted over the table's comparisons; a Δ is bold only "
                   "when that adjusted p-value and the bootstrap's are below 0.05. "

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, alpha_axis, curve_intervals, evidence, note,
                                 psi, quality, quality_text, report_line, sentence, table_row, terminal_block)
+from ..errors import ConfigError
 from ..evaluation import load_for_eval, write_run_meta
 from ..outputs import staged_output
 from ..render import Document, md_escape, plot_text, pyplot, short_name
@@ -349,7 +350,20 @@ def _intro(result: dict, esc) -> list[str]:
     return intro
 
 
-def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75), modes=MODES,
+def model_quantiles(model) -> tuple[float, float]:
+    """D*'s quantiles for diagnosing `model`: the ones it trained on (its `data.length_quantiles`: the
+    authors' presets use 0.15-0.75), else Q1-Q3 (a model trained on every sentence, a Hugging Face
+    folder)."""
+    from ..checkpoint import is_posbias_checkpoint, read_posbias_files
+
+    if is_posbias_checkpoint(model):
+        q = getattr(read_posbias_files(model)[0].data, "length_quantiles", None)
+        if q:
+            return float(q[0]), float(q[1])
+    return 0.25, 0.75
+
+
+def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles="model", modes=MODES,
              max_len: int | None = None, batch_tokens: int = 16_384, overrides=None, progress: bool = True,
              bias_samples: int = 2000, min_bucket: int = MIN_BUCKET, quality_floor: float = QUALITY_FLOOR) -> dict:
     """Position-bias diagnosis of a tagging checkpoint on `data` (see the module docstring).
@@ -357,6 +371,10 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles=(0.25, 0.75)
     the terminal shows; `bias_samples` bootstrap resamples over sentences, fewer than `min_bucket`
     evaluated sentences: too few to tell, a warning under `quality_floor` points) and the paths written."""
     t0 = time.time()
+    if isinstance(quantiles, str):
+        if quantiles != "model":
+            raise ConfigError(f"quantiles must be a (low, high) pair, None (every sentence) or 'model', got {quantiles!r}")
+        quantiles = model_quantiles(model)
     # Everything goes through a temporary folder, renamed when complete (`staged_output`).
     with staged_output(output_dir) as out:
         net, tokenizer, cfg = load_for_eval(model, overrides, "tagging")

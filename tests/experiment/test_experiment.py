@@ -178,6 +178,9 @@ def test_report_of_a_selection_against_another_baseline(smoke, tmp_path):
     res = posbias.experiment_report(exp_dir, bootstrap_samples=500, baseline="all_token_softmax", output_dir=out)
     md = (out / "report.md").read_text(encoding="utf-8")
     assert "(baseline **all_token_softmax**)" in md and res["report_md"] == str(out / "report.md")
+    assert "500 resamples" in md and "10,000" not in md  # the count used, not a fixed 10,000
+    quick = posbias.experiment_report(exp_dir, bootstrap_samples=0, output_dir=tmp_path / "quick")
+    assert "no resamples here" in Path(quick["report_md"]).read_text(encoding="utf-8")
     rows = {(r["eval_set"], r["metric"], r["method"]): r for r in json.loads((out / "report.json").read_text())["rows"]}
     for (ev, metric, method), r in rows.items():  # the same means; the Δ now taken the other way round
         assert r["mean"] == pytest.approx(full[ev, metric, method]["mean"])

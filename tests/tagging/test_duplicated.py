@@ -8,6 +8,7 @@ import torch
 
 import posbias
 from posbias.config import RESOURCES, resolve_path
+from posbias.errors import ConfigError
 from posbias.tagging import duplicated as D
 from posbias.tagging.examples import TaggingDataset, TaggingExample
 from posbias.tagging.features import separator_id, special_tokens
@@ -211,6 +212,28 @@ def test_diagnose_tagging_on_posbias_and_hugging_face_checkpoints(tmp_path):
     ours = __import__("json").loads((tmp_path / "diag" / "diagnosis.json").read_text(encoding="utf-8"))
     first = lambda r: next(c for c in r["duplicate"]["cells"] if c["k"] == 1)  # noqa: E731
     assert first(hf)["f1"] == pytest.approx(first(ours)["f1"], abs=1e-9) and "shift" not in hf
+
+
+def test_diagnose_tagging_bounds_dstar_by_the_quantiles_the_model_trained_on(tmp_path):
+    """No --quantiles: the model's own data.length_quantiles (the authors' presets train on
+    0.15-0.75; before, every diagnosis took Q1-Q3); an explicit pair wins; a folder that knows none
+    (a Hugging Face export) gets Q1-Q3."""
+    posbias.train("tiny_tagging", [f"train.output_dir={tmp_path / 'run'}", "train.max_steps=2",
+                                   "data.length_quantiles=[0.15,0.75]"], progress=False)
+    best = tmp_path / "run" / "best"
+    posbias.export(best, tmp_path / "hf")
+
+    def used(model, name, *flags):
+        out = run_cli("diagnose", "tagging", "--model", str(model), "--data", "demo:wnut-dev", "--output-dir",
+                      str(tmp_path / name), "--k-max", "2", "--modes", "duplicate", "--bootstrap-samples", "0", *flags)
+        assert out.returncode == 0, out.stderr
+        return __import__("json").loads((tmp_path / name / "diagnosis.json").read_text(encoding="utf-8"))["subset"]["quantiles"]
+
+    assert used(best, "own") == [0.15, 0.75]
+    assert used(best, "flag", "--quantiles", "0.25", "0.75") == [0.25, 0.75]
+    assert used(tmp_path / "hf", "diag_hf") == [0.25, 0.75]
+    with pytest.raises(ConfigError, match="quantiles"):
+        posbias.diagnose(best, "demo:wnut-dev", tmp_path / "bad", quantiles="q1q3", progress=False)
 
 
 def _verdict(model, wordpiece, n, k_max=5, **kw):
