@@ -21,17 +21,38 @@ def score_run(exp: Experiment, run: Run) -> None:
 
     task = get_task(run.config.task)
     out = run.output_dir
+    d = run.config.data
+    device = [f"train.device={run.config.train.device}", *_dstar_of(run)]
+    quantiles = getattr(d, "length_quantiles", None) if run.checkpoint is not None else None
+    if run.checkpoint is not None and d.eval_file and not (out / "eval" / "metrics.json").is_file():
+        # a model trained elsewhere: its validation score, as training would have left it in eval/
+        # (the first data.max_eval_examples, tagging: of D* when the runs train on D*)
+        task.evaluate_checkpoint(run.model_dir, d.eval_file, out / "eval", progress=False,
+                                 overrides=[f"data.max_eval_examples={d.max_eval_examples or 'null'}", *device]
+                                 + ([f"data.length_quantiles={json.dumps(list(quantiles))}"] if quantiles else []))
     for name, path in exp.eval_sets.items():
         target = out / "evals" / name
         if not (target / "metrics.json").is_file():
-            task.evaluate_checkpoint(out / "best", path, target, progress=False,
-                                     overrides=["data.max_eval_examples=null", f"train.device={run.config.train.device}"])
+            task.evaluate_checkpoint(run.model_dir, path, target, progress=False,
+                                     overrides=["data.max_eval_examples=null", *device])
     for name, options in exp.position_eval.items():
         target = out / "position_eval" / name
         if not (target / "diagnosis.json").is_file():
-            task.position_eval_checkpoint(out / "best", exp.eval_sets[name], target,
-                                          {k: v for k, v in options.items() if k != "alphas"},
-                                          overrides=[f"train.device={run.config.train.device}"])
+            opts = {k: v for k, v in options.items() if k != "alphas"}
+            if quantiles and "quantiles" not in opts:  # D* as the experiment's runs define it
+                opts["quantiles"] = tuple(quantiles)
+            task.position_eval_checkpoint(run.model_dir, exp.eval_sets[name], target, opts, overrides=device)
+
+
+def _dstar_of(run: Run) -> list[str]:
+    """A model trained elsewhere knows nothing of the experiment's D* (tagging: `data.length_pool` and
+    the files whose pooled lengths bound it); these overrides give it the runs' own, so that its
+    F1(alpha) and validation score are over the same sentences as the trained methods'."""
+    d = run.config.data
+    if run.checkpoint is None or getattr(d, "length_pool", None) is None:
+        return []
+    files = d.length_pool_files if d.length_pool_files is not None else [f for f in (d.train_file, d.eval_file) if f]
+    return [f"data.length_pool={d.length_pool}", f"data.length_pool_files={json.dumps(files)}"]
 
 
 def collect_results(exp: Experiment, run: Run) -> dict:
@@ -68,7 +89,7 @@ def collect_results(exp: Experiment, run: Run) -> dict:
         scores = task.example_scores(ds, folder, info)
         questions[name] = scores
         for seg_name, seg_fn, seg_options in exp.segments:
-            labels = SEGMENTERS.get(seg_fn)(ds.examples, folder, out / "best", **seg_options)
+            labels = SEGMENTERS.get(seg_fn)(ds.examples, folder, run.model_dir, **seg_options)
             for label in sorted(set(labels.values())):
                 qids = [q for q, lab in labels.items() if lab == label and q in scores]
                 em = sum(scores[q][0] for q in qids) / max(len(qids), 1) * 100

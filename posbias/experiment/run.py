@@ -23,7 +23,7 @@ from .. import outputs
 from ..config import load_yaml, save_config
 from ..devices import check_device_spec
 from ..errors import ConfigError, RunError
-from ..utils import atomic_write_text, now_iso, versions
+from ..utils import atomic_write_json, atomic_write_text, now_iso, versions
 from .collect import collect_results, score_run
 from .spec import Experiment, Run, load_experiment
 from .store import claim, connect, holder, lock_fds, readable_store, release, run_status
@@ -338,6 +338,8 @@ def _train(run: Run, *, fresh: bool, launcher: str = "local", accelerate_args: s
     """Train the run in its folder, resuming its last checkpoint unless `fresh`; its summary."""
     from ..training import train  # loads torch and the tasks: on first use
 
+    if run.checkpoint is not None:
+        return _scored_elsewhere(run)
     resumable = (run.output_dir / "checkpoints" / "last" / "trainer_state.json").is_file() and not fresh
     _run_folder(run)
     save_config(run.config, run.output_dir / "run_config.yaml")
@@ -352,6 +354,30 @@ def _train(run: Run, *, fresh: bool, launcher: str = "local", accelerate_args: s
                            "run the experiment again to resume it")
         return json.loads((run.output_dir / "run_info.json").read_text(encoding="utf-8"))["summary"]
     return train(run.config, resume="auto" if resumable else None, overwrite=not resumable, progress=progress)
+
+
+def _scored_elsewhere(run: Run) -> dict:
+    """A run of a method with `checkpoint:`: nothing to train. Its folder gets the run_info.json a
+    finished training writes (the model it scores, the config hash, the versions), so that scoring,
+    collecting and `--no-store` jobs treat it as any finished run; its summary."""
+    from ..checkpoint import checkpoint_task  # loads torch: on first use
+
+    model = run.checkpoint
+    try:
+        task = checkpoint_task(model)  # a folder, or a Hub id in the local cache
+    except ConfigError as e:
+        raise ConfigError(f"run {run.name}: checkpoint: {e}") from None
+    if task != run.config.task:
+        raise ConfigError(f"run {run.name}: checkpoint {model} is a {task} model; the experiment's runs are "
+                          f"{run.config.task}")
+    _run_folder(run)
+    save_config(run.config, run.output_dir / "run_config.yaml")
+    summary = {"output_dir": str(run.output_dir), "steps": None, "best_step": None, "train_seconds": 0.0,
+               "checkpoint": model}
+    info = {"status": "finished", "started": now_iso(), "finished": now_iso(), "config_hash": run.config_hash,
+            "checkpoint": model, "seed": run.config.train.seed, "versions": versions(), "summary": summary}
+    atomic_write_json(run.output_dir / "run_info.json", info)
+    return summary
 
 
 def _record(run: Run, conn, results: dict, summary: dict, info: dict | None = None, *,

@@ -18,6 +18,16 @@ A spec names a base run config and a grid:
 
 Also `exclude` (shell patterns of run names left out of the grid), `segments` (per-question
 segmenters, below) and `description`.
+
+A method may score models trained elsewhere instead of training (a Hugging Face `Trainer` script, a
+model from the Hub, another experiment's runs): `checkpoint:` names its model per run, with `{seed}`,
+`{dataset}` and `{output_dir}` (this experiment's folder) filled in, e.g.
+
+      hf_cp: {checkpoint: "bench/out/hf_trainer_conll/cp_seed{seed}/model"}
+
+Such a run is scored on the validation set (the base's `data.eval_file`), every eval set and
+position evaluation like a trained run's best checkpoint, and compared with the other methods seed by
+seed; the rest of its overrides apply to how it is evaluated only.
 """
 from __future__ import annotations
 
@@ -54,10 +64,21 @@ class Run:
     train_size: int | None
     config: RunConfig
     output_dir: Path
+    checkpoint: str | None = None
+    """The model this run scores instead of training (the method's `checkpoint:`, filled in)."""
 
     @property
     def config_hash(self) -> str:
-        return self.config.hash()
+        if self.checkpoint is None:
+            return self.config.hash()
+        import hashlib
+
+        return hashlib.sha256(f"{self.config.hash()} checkpoint {self.checkpoint}".encode()).hexdigest()[:16]
+
+    @property
+    def model_dir(self):
+        """The model its eval sets are scored with: its `best/`, or the checkpoint it scores."""
+        return self.checkpoint if self.checkpoint is not None else self.output_dir / "best"
 
 
 @dataclass
@@ -176,8 +197,9 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
                         continue
                     d = deep_merge(base, current_names(_as_overrides(ds_over, f"datasets.{ds_name}"), task,
                                                        f"{where}datasets.{ds_name}."))
-                    d = deep_merge(d, current_names(_as_overrides(m_over, f"methods.{method}"), task,
-                                                    f"{where}methods.{method}."))
+                    m_over = dict(_as_overrides(m_over, f"methods.{method}"))
+                    checkpoint = _checkpoint(m_over.pop("checkpoint", None), method, seed, ds_name, out)
+                    d = deep_merge(d, current_names(m_over, task, f"{where}methods.{method}."))
                     run_dir = out / "runs" / name
                     outputs.inside(out, run_dir, f"experiment run {name}")
                     extra = {"train": {"seed": seed, "output_dir": str(run_dir)}}
@@ -187,7 +209,7 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
                         cfg = build_config(deep_merge(d, extra))
                     except ConfigError as e:
                         raise ConfigError(f"experiment run {name}: {e}") from None
-                    runs.append(Run(name, method, seed, ds_name, size, cfg, run_dir))
+                    runs.append(Run(name, method, seed, ds_name, size, cfg, run_dir, checkpoint))
     grid = [_run_name(d, n, m, k) for d in datasets for n in sizes for m in methods for k in seeds]
     unused = [p for p in exclude if not any(fnmatchcase(name, p) for name in grid)]
     if unused:
@@ -203,6 +225,21 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
     position_eval = _position_eval_spec(spec.get("position_eval"), eval_sets, runs)
     return Experiment(spec["name"], out, runs, baseline, list(methods), dict(eval_sets), list(segments),
                       spec_path, position_eval)
+
+
+def _checkpoint(template, method: str, seed: int, dataset, out: Path) -> str | None:
+    """A method's `checkpoint:` for one run: `{seed}`, `{dataset}`, `{output_dir}` filled in."""
+    if template is None:
+        return None
+    key = f"experiment spec: methods.{method}.checkpoint"
+    if not isinstance(template, str) or not template.strip():
+        raise ConfigError(f"{key} must be a model folder or Hub id (a string), got {template!r}")
+    fields = {"seed": seed, "dataset": dataset or "", "output_dir": str(out)}
+    try:
+        return template.format(**fields)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ConfigError(f"{key} {template!r}: {{{e.args[0] if e.args else ''}}} is not one of "
+                          "{seed}, {dataset}, {output_dir}") from None
 
 
 def _run_name(dataset, size, method: str, seed: int) -> str:

@@ -647,3 +647,39 @@ def test_bootstraps_with_no_resamples_give_the_difference_alone():
     assert b["diff"] == 1.5 and math.isnan(b["p"]) and math.isnan(b["ci_low"])
     r = paired_bootstrap_ratio(np.array([[1, 2], [1, 2]]), np.array([[0, 2], [1, 2]]), samples=0)
     assert r["diff"] == pytest.approx(25.0) and math.isnan(r["p"])
+
+
+def test_a_method_scores_models_trained_elsewhere(tmp_path):
+    """`checkpoint:` in a method: its runs train nothing and score the given model (here: the
+    baseline's own best/, then the same weights exported as a Hugging Face folder, as a Trainer
+    script leaves them) on the validation set, the eval sets and F1(α), and compare with the
+    trained methods seed by seed: the same weights give Δ 0 everywhere."""
+    spec = yaml.safe_load((PRESETS / "experiments" / "smoke_position_bias.yaml").read_text(encoding="utf-8"))
+    spec.update(output_dir=str(tmp_path / "exp"), seeds=[1, 2],
+                methods={"baseline": {}, "same": {"checkpoint": "{output_dir}/runs/baseline/seed{seed}/best"}})
+    res = posbias.experiment_run(spec, progress=False)
+    assert sorted(res["ran"]) == ["baseline/seed1", "baseline/seed2", "same/seed1", "same/seed2"]
+    info = json.loads((tmp_path / "exp" / "runs" / "same" / "seed1" / "run_info.json").read_text(encoding="utf-8"))
+    assert info["checkpoint"] == str(tmp_path / "exp" / "runs" / "baseline" / "seed1" / "best")
+    assert not (tmp_path / "exp" / "runs" / "same" / "seed1" / "best").exists()  # nothing trained, nothing copied
+    for k in (1, 2):
+        posbias.export(tmp_path / "exp" / "runs" / "baseline" / f"seed{k}" / "best", tmp_path / f"hf{k}")
+    spec["methods"]["hf"] = {"checkpoint": str(tmp_path / "hf{seed}")}
+    res = posbias.experiment_run(spec, progress=False)
+    assert sorted(res["ran"]) == ["hf/seed1", "hf/seed2"]  # the recorded runs are left as they are
+    rows = aggregate(load_results(tmp_path / "exp"), bootstrap_samples=100)
+    seen = set()
+    for r in rows:
+        if r["method"] in ("same", "hf") and r["metric"] in ("accuracy", "accuracy(4)", "sub-token F1(4)"):
+            assert r["ttest"]["diff"] == pytest.approx(0.0, abs=1e-9), r
+            seen.add((r["method"], r["eval_set"], r["metric"]))
+    assert {("same", "val", "accuracy"), ("hf", "val", "accuracy"), ("hf", "test", "accuracy"),
+            ("hf", "test D*(k)", "accuracy(4)"), ("hf", "test D*(k)", "sub-token F1(4)")} <= seen
+
+    spec["methods"]["hf"] = {"checkpoint": str(tmp_path / "nope{seed}")}
+    spec["output_dir"] = str(tmp_path / "exp2")
+    with pytest.raises(ConfigError, match=r"run hf/seed1: checkpoint: .*nope1"):
+        posbias.experiment_run(spec, progress=False)
+    spec["methods"]["hf"] = {"checkpoint": "x/{sed}"}
+    with pytest.raises(ConfigError, match=r"methods.hf.checkpoint 'x/\{sed\}': \{sed\} is not one of"):
+        posbias.experiment_run(spec, progress=False)
