@@ -22,26 +22,26 @@ def score_run(exp: Experiment, run: Run) -> None:
     task = get_task(run.config.task)
     out = run.output_dir
     d = run.config.data
-    device = [f"train.device={run.config.train.device}", *_dstar_of(run)]
+    overrides = [f"train.device={run.config.train.device}", *_dstar_of(run)]  # where, and (imported) which D*
     quantiles = getattr(d, "length_quantiles", None) if run.checkpoint is not None else None
     if run.checkpoint is not None and d.eval_file and not (out / "eval" / "metrics.json").is_file():
         # a model trained elsewhere: its validation score, as training would have left it in eval/
         # (the first data.max_eval_examples, tagging: of D* when the runs train on D*)
         task.evaluate_checkpoint(run.model_dir, d.eval_file, out / "eval", progress=False,
-                                 overrides=[f"data.max_eval_examples={d.max_eval_examples or 'null'}", *device]
+                                 overrides=[f"data.max_eval_examples={d.max_eval_examples or 'null'}", *overrides]
                                  + ([f"data.length_quantiles={json.dumps(list(quantiles))}"] if quantiles else []))
     for name, path in exp.eval_sets.items():
         target = out / "evals" / name
         if not (target / "metrics.json").is_file():
             task.evaluate_checkpoint(run.model_dir, path, target, progress=False,
-                                     overrides=["data.max_eval_examples=null", *device])
+                                     overrides=["data.max_eval_examples=null", *overrides])
     for name, options in exp.position_eval.items():
         target = out / "position_eval" / name
         if not (target / "diagnosis.json").is_file():
             opts = {k: v for k, v in options.items() if k != "alphas"}
             if quantiles and "quantiles" not in opts:  # D* as the experiment's runs define it
                 opts["quantiles"] = tuple(quantiles)
-            task.position_eval_checkpoint(run.model_dir, exp.eval_sets[name], target, opts, overrides=device)
+            task.position_eval_checkpoint(run.model_dir, exp.eval_sets[name], target, opts, overrides=overrides)
 
 
 def _dstar_of(run: Run) -> list[str]:
