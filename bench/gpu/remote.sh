@@ -6,7 +6,7 @@
 #                                               then bench/gpu/gpu_check.py) -> $OUT/gpu_check.tar.gz
 #   bash bench/gpu/remote.sh throughput [ARGS]  bench/gpu/throughput.py -> $OUT/throughput.json
 #   bash bench/gpu/remote.sh probe [SECONDS [ARGS]]  bench/gpu/lane_probe.py -> $OUT/lane_probe.json
-#   [SEEDS="3 4 5"] bash bench/gpu/remote.sh item NAME SECONDS [LANES]
+#   [SEEDS="3 4 5"] [METHODS="a b"] bash bench/gpu/remote.sh item NAME SECONDS [LANES]
 #                                               queue item NAME (bench/gpu/NAME.yaml) as concurrent lanes
 #                                               (bench/gpu/lanes.py) until SECONDS; -> $OUT/NAME.tar.gz
 #                                               (NAME smoke: the bundled tiny grid, to try the path;
@@ -109,7 +109,9 @@ item() {
   local name=$1 seconds=$2 lanes=${3:-3}
   local spec=bench/gpu/$name.yaml groups=()
   case "$name" in
-    rp_full) for s in ${SEEDS:-1 2 3 4 5}; do groups+=("baseline/seed$s,random_padding/seed$s,random_padding_k64/seed$s"); done ;;
+    rp_full) for s in ${SEEDS:-1 2 3 4 5}; do  # METHODS="baseline random_padding": a pair, when 3 lanes do not fit
+               g=""; for m in ${METHODS:-baseline random_padding random_padding_k64}; do g+="${g:+,}$m/seed$s"; done
+               groups+=("$g"); done ;;
     tpb_conll_full) for s in ${SEEDS:-23456 34567 45678 56789 67890}; do groups+=("baseline/seed$s,rpp/seed$s,cp/seed$s"); done ;;
     smoke) spec=posbias/configs/experiments/smoke.yaml; groups=("context_softmax/seed1,all_token_softmax/seed1" "context_softmax/seed2,all_token_softmax/seed2") ;;
     *) log "item: unknown $name"; return 2 ;;

@@ -189,6 +189,8 @@ FROZEN_GRIDS = {
     'archived/tpb_ewt_authors': '6c0e5adc441e7204',
     'archived/first_sentence_alpha': 'af52ee9806af4742',
     'archived/tpb_ewt_dstar': 'c7a9a0790bada5e9',
+    'archived/rp_full': '9cebc6571332e779',
+    'archived/tpb_conll_full': 'f4afbac2b21df24c',
 }
 # Finished runs of each archived store that `experiment run docs/experiments/<name>/experiment.yaml`
 # skips (spec's hash == recorded hash), of the finished runs the store holds. The others were
@@ -199,6 +201,7 @@ SKIPPED = {
     "map_squad": (0, 12), "map_squad_bidaf": (0, 4), "map_squad_bidaf_4ep": (0, 9),
     "precision_parity_conll": (6, 6), "precision_parity_demo": (6, 6), "rp_squad_d50_bertpre": (6, 6),
     "tpb_conll_authors": (6, 6), "tpb_ewt_authors": (6, 6), "first_sentence_alpha": (6, 6),
+    "rp_full": (2, 2), "tpb_conll_full": (2, 2),
 }
 
 
