@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from . import devices  # called as devices.resolve_device: the tests' CPU rule replaces it there (tests/devices_under_test.py)
@@ -18,13 +19,14 @@ from .config import RunConfig, build_config, save_config
 from .errors import ConfigError
 from .outputs import staged_output
 from .precision import autocast, resolve_precision
-from .registry import TASKS
+from .registry import HEADS, TASKS
 from .utils import atomic_write_json, now_iso, versions
 
 
 def eval_config(model_cfg: RunConfig, overrides) -> RunConfig:
     """A checkpoint's run config with evaluation overrides (windows, decoding, batch size); the
-    model itself may not be overridden. The training run's cap on evaluation examples does not carry
+    model itself may not be overridden, except the head options its head declares decode-time
+    (`decoding_changes`). The training run's cap on evaluation examples does not carry
     over: a file given for evaluation is scored whole unless `data.max_eval_examples` (or, tagging,
     `data.length_quantiles`) is overridden."""
     d = model_cfg.to_dict()
@@ -33,9 +35,29 @@ def eval_config(model_cfg: RunConfig, overrides) -> RunConfig:
     if "length_quantiles" in d["data"]:  # a tagging run trained on D*: other files are read whole
         d["data"]["length_quantiles"] = None
     cfg = build_config(d, overrides)
-    if cfg.model != model_cfg.model:
-        raise ConfigError("model.* cannot be overridden when evaluating a trained checkpoint")
+    decoding_changes(model_cfg, cfg)
     return cfg
+
+
+def decoding_changes(model_cfg: RunConfig, cfg: RunConfig) -> dict:
+    """The head options `cfg` changes from the checkpoint's `model_cfg`: only those its head
+    declares decode-time (`HEADS.register(name, decode_options=...)`, options no weight depends on,
+    such as MaP's `ensemble`); any other model.* change is refused."""
+    a, b = model_cfg.model, cfg.model
+    if a == b:
+        return {}
+    if replace(b, head_options=a.head_options) != a:
+        raise ConfigError("model.* cannot be overridden when evaluating a trained checkpoint")
+    changed = {k: v for k, v in b.head_options.items() if k not in a.head_options or a.head_options[k] != v}
+    try:
+        declared = HEADS.traits(a.head, "model.head").get("decode_options", ()) if a.head else ()
+    except ConfigError:  # not a registered QA head (tagging's `linear`): nothing to decode differently
+        declared = ()
+    bad = sorted(set(changed) - set(declared))
+    if bad:
+        raise ConfigError(f"model.head_options.{bad[0]} cannot be overridden when evaluating a trained checkpoint "
+                          f"(head {a.head!r} decodes differently only through {list(declared) or 'no option'})")
+    return changed
 
 
 def load_for_eval(model, overrides, task: str):
@@ -43,6 +65,9 @@ def load_for_eval(model, overrides, task: str):
     with the overrides (`eval_config`), checked by the same rules as training."""
     net, tokenizer, mcfg = load_checkpoint(model, task=task)
     cfg = eval_config(mcfg, overrides)
+    changed = decoding_changes(mcfg, cfg)
+    if changed:
+        net.head.set_decoding(**changed)
     check_max_seq_len(net, cfg)
     device = devices.resolve_device(cfg.train.device)
     return with_precision(net.to(device), eval_precision(cfg, device)), tokenizer, cfg

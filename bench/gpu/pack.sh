@@ -10,7 +10,8 @@
 #   .gpu/part2/minilm/   the other piece(s) of model.safetensors
 #   bench/out/gpu_data/  the queue items' data sets, gzipped (built from ../shared/data): rp_full/ for
 #                        bench/gpu/rp_full.yaml, probe/ for bench/gpu/lane_probe.py, shared/conll2003/
-#                        for bench/gpu/tpb_conll_full.yaml (ITEMS="tpb_conll": 2.2 MB)
+#                        for bench/gpu/tpb_conll_full.yaml (ITEMS="tpb_conll": 2.2 MB), map_full/ for
+#                        bench/gpu/map_full.yaml (ITEMS="map_full")
 #
 # The pieces are split by size (PIECE_MB, default 44 MiB) so that part1 (wheels, data, first piece) and
 # part2 each fit one call; bench/gpu/remote.sh joins them on the GPU machine and checks the sha256.
@@ -71,6 +72,20 @@ for item in $ITEMS; do
         gzip -9 -c "$work/dev_halves/val.json" > "$out/val.json.gz"
         gzip -9 -c "$work/dev_halves/test.json" > "$out/test.json.gz"
         cp "$work/train_d50/stats.md" "$out/train_stats.md"; cp "$work/dev_halves/stats.md" "$out/dev_stats.md"
+      fi ;;
+    map_full)  # bench/gpu/map_full.yaml: every unambiguous rebuilt train question, whole; the dev halves of rp_full
+      out=bench/out/gpu_data/map_full; work=bench/out/gpu_data/build
+      if [ ! -s "$out/train.json.gz" ] || [ ! -s "$out/val.json.gz" ] || [ ! -s "$out/test.json.gz" ]; then
+        T=$SHARED/squad_v1.1_train_reconstructed
+        "$PY" -m posbias data build --input "$T"/train-v1.1-reconstructed.part{1,2,3}of3.json.gz \
+            --out "$work/train_full" --name train --exclude-ambiguous
+        "$PY" -m posbias data build --input "$SHARED"/squad_v1.1/dev-v1.1.json.gz --out "$work/dev_halves" \
+            --split --seed 13
+        mkdir -p "$out"
+        gzip -9 -c "$work/train_full/train.json" > "$out/train.json.gz"
+        gzip -9 -c "$work/dev_halves/val.json" > "$out/val.json.gz"
+        gzip -9 -c "$work/dev_halves/test.json" > "$out/test.json.gz"
+        cp "$work/train_full/stats.md" "$out/train_stats.md"; cp "$work/dev_halves/stats.md" "$out/dev_stats.md"
       fi ;;
     probe)  # bench/gpu/lane_probe.py: 6,000 D_50 training questions (how many lanes a GPU takes)
       out=bench/out/gpu_data/probe

@@ -113,6 +113,9 @@ item() {
                g=""; for m in ${METHODS:-baseline random_padding random_padding_k64}; do g+="${g:+,}$m/seed$s"; done
                groups+=("$g"); done ;;
     tpb_conll_full) for s in ${SEEDS:-23456 34567 45678 56789 67890}; do groups+=("baseline/seed$s,rpp/seed$s,cp/seed$s"); done ;;
+    map_full) for s in ${SEEDS:-1 2 3 4 5}; do  # Table 1's claim first (MaP_E vs InD), then VCP and MaP_F
+                g=""; for m in ${METHODS:-ind map_e vcp map_f}; do g+="${g:+,}$m/seed$s"; done
+                groups+=("$g"); done ;;
     smoke) spec=posbias/configs/experiments/smoke.yaml; groups=("context_softmax/seed1,all_token_softmax/seed1" "context_softmax/seed2,all_token_softmax/seed2") ;;
     *) log "item: unknown $name"; return 2 ;;
   esac
@@ -123,6 +126,15 @@ item() {
   rm -rf "$STASH/$name"
   "$PY" bench/gpu/lanes.py "$spec" --deadline "$seconds" --lanes "$lanes" --archive "$STASH/$name" \
       --output-dir "$STASH/experiments/$name" --device "${LANES_DEVICE:-cuda}" --runs "${groups[@]}" 2>&1 | tee "$STASH/$name.log"
+  if [ "$name" = map_full ]; then  # map_e_forward: each finished MaP_E run decoded forward-only, then into the archive
+    for best in "$STASH/experiments/$name"/runs/map_e/seed*/best; do
+      [ -d "$best" ] || continue
+      s=$(basename "$(dirname "$best")")
+      "$PY" -m posbias experiment run "$spec" --only "map_e_forward/$s" --output-dir "$STASH/experiments/$name" \
+          --device "${LANES_DEVICE:-cuda}" --no-wait 2>&1 | tail -3 | tee -a "$STASH/$name.log"
+    done
+    "$PY" -m posbias experiment copy "$STASH/experiments/$name" "$STASH/$name/store" 2>&1 | tail -2 | tee -a "$STASH/$name.log"
+  fi
   cp "$STASH/$name.log" "$STASH/$name/"
   (cd "$STASH" && tar -czf "$OUT/$name.tar.gz" "$name")
 }

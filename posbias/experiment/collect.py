@@ -22,7 +22,8 @@ def score_run(exp: Experiment, run: Run) -> None:
     task = get_task(run.config.task)
     out = run.output_dir
     d = run.config.data
-    overrides = [f"train.device={run.config.train.device}", *_dstar_of(run)]  # where, and (imported) which D*
+    overrides = [f"train.device={run.config.train.device}", *_dstar_of(run),  # where, (imported) which D*,
+                 *(f"model.head_options.{k}={json.dumps(v)}" for k, v in run.decode.items())]  # and how it decodes
     quantiles = getattr(d, "length_quantiles", None) if run.checkpoint is not None else None
     if run.checkpoint is not None and d.eval_file and not (out / "eval" / "metrics.json").is_file():
         # a model trained elsewhere: its validation score, as training would have left it in eval/

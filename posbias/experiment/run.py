@@ -373,9 +373,10 @@ def _scored_elsewhere(run: Run) -> dict:
     _run_folder(run)
     save_config(run.config, run.output_dir / "run_config.yaml")
     summary = {"output_dir": str(run.output_dir), "steps": None, "best_step": None, "train_seconds": 0.0,
-               "checkpoint": model}
+               "checkpoint": model, **({"decode": run.decode} if run.decode else {})}
     info = {"status": "finished", "started": now_iso(), "finished": now_iso(), "config_hash": run.config_hash,
-            "checkpoint": model, "seed": run.config.train.seed, "versions": versions(), "summary": summary}
+            "checkpoint": model, **({"decode": run.decode} if run.decode else {}), "seed": run.config.train.seed,
+            "versions": versions(), "summary": summary}
     atomic_write_json(run.output_dir / "run_info.json", info)
     return summary
 

@@ -27,7 +27,11 @@ model from the Hub, another experiment's runs): `checkpoint:` names its model pe
 
 Such a run is scored on the validation set (the base's `data.eval_file`), every eval set and
 position evaluation like a trained run's best checkpoint, and compared with the other methods seed by
-seed; the rest of its overrides apply to how it is evaluated only.
+seed; the rest of its overrides apply to how it is evaluated only. With `decode:` it is scored with
+head options no weight depends on changed (those its head declares decode-time, e.g. MaP's
+`ensemble`), so one experiment's MaP_E checkpoints are also scored as their forward direction alone:
+
+      map_e_forward: {checkpoint: "{output_dir}/runs/map_e/seed{seed}/best", decode: {ensemble: false}}
 """
 from __future__ import annotations
 
@@ -66,14 +70,18 @@ class Run:
     output_dir: Path
     checkpoint: str | None = None
     """The model this run scores instead of training (the method's `checkpoint:`, filled in)."""
+    decode: dict = field(default_factory=dict)
+    """Decode-time head options that run's scoring changes (the method's `decode:`)."""
 
     @property
     def config_hash(self) -> str:
         if self.checkpoint is None:
             return self.config.hash()
         import hashlib
+        import json
 
-        return hashlib.sha256(f"{self.config.hash()} checkpoint {self.checkpoint}".encode()).hexdigest()[:16]
+        decode = f" decode {json.dumps(self.decode, sort_keys=True)}" if self.decode else ""
+        return hashlib.sha256(f"{self.config.hash()} checkpoint {self.checkpoint}{decode}".encode()).hexdigest()[:16]
 
     @property
     def model_dir(self):
@@ -197,9 +205,10 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
                         continue
                     d = deep_merge(base, current_names(_as_overrides(ds_over, f"datasets.{ds_name}"), task,
                                                        f"{where}datasets.{ds_name}."))
-                    m_over = dict(_as_overrides(m_over, f"methods.{method}"))
-                    checkpoint = _checkpoint(m_over.pop("checkpoint", None), method, seed, ds_name, out)
-                    d = deep_merge(d, current_names(m_over, task, f"{where}methods.{method}."))
+                    over = dict(_as_overrides(m_over, f"methods.{method}"))  # a copy: every seed reads m_over whole
+                    checkpoint = _checkpoint(over.pop("checkpoint", None), method, seed, ds_name, out)
+                    decode = _decode(over.pop("decode", None), method, checkpoint)
+                    d = deep_merge(d, current_names(over, task, f"{where}methods.{method}."))
                     run_dir = out / "runs" / name
                     outputs.inside(out, run_dir, f"experiment run {name}")
                     extra = {"train": {"seed": seed, "output_dir": str(run_dir)}}
@@ -209,7 +218,7 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
                         cfg = build_config(deep_merge(d, extra))
                     except ConfigError as e:
                         raise ConfigError(f"experiment run {name}: {e}") from None
-                    runs.append(Run(name, method, seed, ds_name, size, cfg, run_dir, checkpoint))
+                    runs.append(Run(name, method, seed, ds_name, size, cfg, run_dir, checkpoint, decode))
     grid = [_run_name(d, n, m, k) for d in datasets for n in sizes for m in methods for k in seeds]
     unused = [p for p in exclude if not any(fnmatchcase(name, p) for name in grid)]
     if unused:
@@ -240,6 +249,23 @@ def _checkpoint(template, method: str, seed: int, dataset, out: Path) -> str | N
     except (KeyError, IndexError, ValueError) as e:
         raise ConfigError(f"{key} {template!r}: {{{e.args[0] if e.args else ''}}} is not one of "
                           "{seed}, {dataset}, {output_dir}") from None
+
+
+def _decode(value, method: str, checkpoint) -> dict:
+    """A method's `decode:` (head option -> plain value), only beside `checkpoint:`: a trained method
+    sets its head options as any other override."""
+    if value is None:
+        return {}
+    key = f"experiment spec: methods.{method}.decode"
+    if checkpoint is None:
+        raise ConfigError(f"{key} needs checkpoint: (it changes how a model trained elsewhere is scored; a trained "
+                          "method sets model.head_options itself)")
+    if not isinstance(value, dict) or not value or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{key} must be a mapping head option -> value, e.g. {{ensemble: false}}, got {value!r}")
+    for k, v in value.items():
+        if v is not None and not isinstance(v, (bool, int, float, str)):
+            raise ConfigError(f"{key}.{k} must be a plain value (true/false, a number, a name), got {v!r}")
+    return dict(value)
 
 
 def _run_name(dataset, size, method: str, seed: int) -> str:

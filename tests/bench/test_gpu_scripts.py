@@ -73,3 +73,18 @@ def test_lanes_stop_what_cannot_finish_by_the_deadline(tmp_path):
     status = _lanes(tmp_path, 2, "context_softmax/seed1", "context_softmax/seed2", lanes=1)
     assert status["runs"]["context_softmax/seed1"]["outcome"] == "stopped at the deadline"
     assert status["not_started"] == ["context_softmax/seed2"]
+
+
+@pytest.mark.parametrize("spec", sorted(LANES.parent.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_gpu_queue_spec_builds_its_grid(spec, tmp_path):
+    """The queue items' specs load as `experiment run` reads them (no data needed to build the grid):
+    five seeds each, and map_full's forward-only scoring of every MaP_E run is a decode of its own seed."""
+    from posbias.experiment import load_experiment
+
+    exp = load_experiment(str(spec), output_dir=str(tmp_path / "exp"))
+    seeds = {r.seed for r in exp.runs}
+    assert len(seeds) == 5 and len(exp.runs) == 5 * len(exp.methods)
+    for run in exp.runs:
+        if run.method == "map_e_forward":
+            assert run.checkpoint == str(tmp_path / "exp" / "runs" / "map_e" / f"seed{run.seed}" / "best")
+            assert run.decode == {"ensemble": False}

@@ -659,9 +659,11 @@ def test_a_method_scores_models_trained_elsewhere(tmp_path):
                 methods={"baseline": {}, "same": {"checkpoint": "{output_dir}/runs/baseline/seed{seed}/best"}})
     res = posbias.experiment_run(spec, progress=False)
     assert sorted(res["ran"]) == ["baseline/seed1", "baseline/seed2", "same/seed1", "same/seed2"]
-    info = json.loads((tmp_path / "exp" / "runs" / "same" / "seed1" / "run_info.json").read_text(encoding="utf-8"))
-    assert info["checkpoint"] == str(tmp_path / "exp" / "runs" / "baseline" / "seed1" / "best")
-    assert not (tmp_path / "exp" / "runs" / "same" / "seed1" / "best").exists()  # nothing trained, nothing copied
+    for k in (1, 2):  # every seed's run scores its own checkpoint (not only the first seed's)
+        run = tmp_path / "exp" / "runs" / "same" / f"seed{k}"
+        info = json.loads((run / "run_info.json").read_text(encoding="utf-8"))
+        assert info["checkpoint"] == str(tmp_path / "exp" / "runs" / "baseline" / f"seed{k}" / "best")
+        assert not (run / "best").exists() and not (run / "checkpoints").exists()  # nothing trained, nothing copied
     for k in (1, 2):
         posbias.export(tmp_path / "exp" / "runs" / "baseline" / f"seed{k}" / "best", tmp_path / f"hf{k}")
     spec["methods"]["hf"] = {"checkpoint": str(tmp_path / "hf{seed}")}
@@ -683,3 +685,52 @@ def test_a_method_scores_models_trained_elsewhere(tmp_path):
     spec["methods"]["hf"] = {"checkpoint": "x/{sed}"}
     with pytest.raises(ConfigError, match=r"methods.hf.checkpoint 'x/\{sed\}': \{sed\} is not one of"):
         posbias.experiment_run(spec, progress=False)
+
+
+def test_a_checkpoint_method_decodes_another_way(tmp_path):
+    """`decode:` beside `checkpoint:`: the MaP_E runs' own checkpoints scored as their forward
+    direction alone (`ensemble: false`) score exactly as the same training decoded that way from the
+    start (MaP's decoding options change no weight); anything but a decode-time option is refused."""
+    spec = yaml.safe_load(SMOKE.read_text(encoding="utf-8"))
+    both = {"head": "matrix", "head_options": {"direction": "both", "k": 4, "inference_k": 4}}
+    spec["overrides"]["train"].update(eval_every=6)  # one evaluation, at the end: best/ is the last step for both
+    spec.update(output_dir=str(tmp_path / "exp"), seeds=[1], segments=[],
+                methods={"map_e": {"model": both},
+                         "map_e_forward": {"model": {**both, "head_options": {**both["head_options"], "ensemble": False}}},
+                         "forward_only": {"checkpoint": "{output_dir}/runs/map_e/seed{seed}/best",
+                                          "decode": {"ensemble": False}}})
+    res = posbias.experiment_run(spec, progress=False)
+    assert sorted(res["ran"]) == ["forward_only/seed1", "map_e/seed1", "map_e_forward/seed1"]
+    assert [(r.checkpoint is not None, r.decode) for r in load_experiment(dict(spec, seeds=[1, 2, 3])).runs
+            if r.method == "forward_only"] == [(True, {"ensemble": False})] * 3
+    run = tmp_path / "exp" / "runs" / "forward_only" / "seed1"
+    assert json.loads((run / "run_info.json").read_text(encoding="utf-8"))["decode"] == {"ensemble": False}
+    scored = yaml.safe_load((run / "evals" / "test" / "config.yaml").read_text(encoding="utf-8"))
+    assert scored["model"]["head_options"]["ensemble"] is False
+    for name in ("eval", "evals/test"):
+        fwd = json.loads((run / name / "predictions.json").read_text(encoding="utf-8"))
+        same = json.loads((tmp_path / "exp" / "runs" / "map_e_forward" / "seed1" / name / "predictions.json")
+                          .read_text(encoding="utf-8"))
+        assert fwd == same and fwd
+    rows = aggregate(load_results(tmp_path / "exp", baseline="map_e_forward"), bootstrap_samples=0)
+    f1 = [r for r in rows if r["method"] == "forward_only" and r["metric"] == "F1"]
+    assert {r["eval_set"] for r in f1} == {"val", "test"}
+    assert all(r["ttest"]["diff"] == pytest.approx(0.0, abs=1e-9) for r in f1)
+
+    exp = load_experiment(spec)
+    plain = dict(spec, methods={"map_e": {"model": both}, "forward_only": {"checkpoint": "x{seed}"}})
+    assert load_experiment(plain).runs[1].config_hash != exp.runs[2].config_hash  # decode is part of the run
+    for methods, message in (
+            ({"b": {}, "m": {"decode": {"ensemble": False}}}, r"methods.m.decode needs checkpoint:"),
+            ({"b": {}, "m": {"checkpoint": "x", "decode": ["ensemble"]}}, r"methods.m.decode must be a mapping"),
+            ({"b": {}, "m": {"checkpoint": "x", "decode": {"ensemble": [1]}}}, r"decode.ensemble must be a plain value")):
+        with pytest.raises(ConfigError, match=message):
+            load_experiment(dict(spec, methods=methods))
+    best = str(tmp_path / "exp" / "runs" / "map_e" / "seed1" / "best")
+    for override, message in (("model.head_options.k=5",
+                               r"head_options.k cannot be overridden .*\['ensemble', 'inference', 'inference_k'\]"),
+                              ("model.head_options.inference_k=1", r"inference_k must be an integer >= 2"),
+                              ("model.head_options.direction=forward", r"head_options.direction cannot be"),
+                              ("model.encoder.num_hidden_layers=1", r"model.\* cannot be overridden")):
+        with pytest.raises(ConfigError, match=message):
+            posbias.evaluate(best, "demo:dev", overrides=[override, "data.max_eval_examples=4"], progress=False)

@@ -386,6 +386,36 @@ def test_bad_matrix_options_are_config_errors(tokenizer, options, message):
         head_model(tokenizer, "matrix", options)
 
 
+def test_a_trained_matrix_head_decodes_another_way(tokenizer, feats):
+    """`set_decoding`: a `both` head switched to ensemble: false decodes exactly as a head built that
+    way with the same weights (the forward direction alone), and back; options no decoding reads,
+    or an ensemble without both directions, are refused as at construction."""
+    batch, _ = batch_of(feats, 6)
+    model = head_model(tokenizer, "matrix", {"direction": "both"}, seed=3).eval()
+    forward = head_model(tokenizer, "matrix", {"direction": "both", "ensemble": False}, seed=3).eval()
+    forward.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        scores = model(batch)
+        ensemble = model.head.top_spans(scores, batch["span_mask"], batch["span_mask"], 10, 5)
+        want = forward.head.top_spans(forward(batch), batch["span_mask"], batch["span_mask"], 10, 5)
+        model.head.set_decoding(ensemble=False)
+        got = model.head.top_spans(scores, batch["span_mask"], batch["span_mask"], 10, 5)
+        model.head.set_decoding(ensemble=None)  # the default for `both`
+        again = model.head.top_spans(scores, batch["span_mask"], batch["span_mask"], 10, 5)
+    assert any(not torch.equal(a, b) for a, b in zip(ensemble, want))  # the two decodings differ here
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(again, ensemble):
+        torch.testing.assert_close(a, b)
+    assert model.head.ensemble is True
+    for options, message in (({"k": 3}, "not a decoding option"), ({"ensemble": "yes"}, "true, false or null"),
+                             ({"inference_k": 1}, "inference_k")):
+        with pytest.raises(ConfigError, match=message):
+            model.head.set_decoding(**options)
+    with pytest.raises(ConfigError, match="ensemble needs direction: both"):
+        head_model(tokenizer, "matrix", {"direction": "forward"}).head.set_decoding(ensemble=True)
+
+
 def test_ensemble_with_null_answers_is_a_config_error(tokenizer):
     with pytest.raises(ConfigError, match="model.head_options.ensemble"):
         head_model(tokenizer, "matrix", {"direction": "both"}, null_answer=True)

@@ -37,6 +37,10 @@ Options (`model.head_options`):
   the whole (b, s, s, l) tensor, are materialised.
 - `width`: l, the additive-attention width (default: the hidden size).
 
+`ensemble`, `inference` and `inference_k` decide only how a trained head decodes (no weight depends
+on them): evaluation may change them (`posbias evaluate --set model.head_options.ensemble=false`, an
+experiment method's `decode:`), so one MaP_E checkpoint is also scored as its forward direction alone.
+
 Scores are log-probabilities, so windows and directions compare directly.
 
 Shape legend: b batch, s sequence, d hidden, l width, r rows kept, c columns kept, L band width.
@@ -56,6 +60,7 @@ CHUNK_ELEMENTS = 1 << 24  # with gradient, tanh inputs per chunk of rows: (b, r,
 CACHE_ELEMENTS = 1 << 20  # without, on a CPU, per block of (examples, rows): (e, r, c, l) <= 1M floats = 4 MB
 NEG = float("-inf")
 KEY = {"forward": "fwd", "backward": "bwd"}
+DECODE_OPTIONS = ("ensemble", "inference", "inference_k")  # options evaluation may change (set_decoding)
 
 
 class PairScorer(nn.Module):
@@ -202,29 +207,33 @@ class MatrixHead(nn.Module):
         super().__init__()
         if direction not in self.DIRECTIONS:
             raise ConfigError(f"model.head_options.direction must be one of {list(self.DIRECTIONS)}, got {direction!r}")
-        ensemble = (direction == "both") if ensemble is None else ensemble
-        if ensemble and direction != "both":
-            raise ConfigError("model.head_options.ensemble needs direction: both (the ensemble joins both directions)")
-        if ensemble and null_answer:
-            raise ConfigError("model.head_options.ensemble is not supported with SQuAD v2 null answers "
-                              "(§2.6 defines it on span pairs); use ensemble: false")
+        ensemble = _check_decoding(direction, null_answer, ensemble, inference, inference_k)
         if training not in ("sampled", "exact"):
             raise ConfigError(f"model.head_options.training must be 'sampled' or 'exact', got {training!r}")
         if normalization not in ("row", "block"):
             raise ConfigError(f"model.head_options.normalization must be 'row' or 'block', got {normalization!r}")
-        if inference not in ("topk", "exact"):
-            raise ConfigError(f"model.head_options.inference must be 'topk' or 'exact', got {inference!r}")
-        for key, value in (("k", k), ("inference_k", inference_k)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 2:
-                raise ConfigError(f"model.head_options.{key} must be an integer >= 2, got {value!r}")
+        _check_int_option("k", k)
         width = check_width(width, hidden_size)
         self.null_answer = null_answer
-        self.direction, self.ensemble = direction, bool(ensemble)
+        self.direction, self.ensemble = direction, ensemble
         self.training_mode, self.k, self.normalization = training, k, normalization
         self.inference, self.inference_k = inference, inference_k
         # ModuleDict keys cannot be "forward" (nn.Module.forward): fwd / bwd.
         self.directions = nn.ModuleDict({KEY[name]: Direction(hidden_size, width) for name in KEY
                                          if direction in (name, "both")})
+
+    def set_decoding(self, **options) -> None:
+        """Decode a trained head another way: `DECODE_OPTIONS` only (no weight depends on them),
+        checked as at construction. A `both` checkpoint decodes as MaP_E (`ensemble=True`) or as its
+        forward direction alone (`ensemble=False`, MaP_F's decoding; §2.6)."""
+        unknown = sorted(set(options) - set(DECODE_OPTIONS))
+        if unknown:
+            raise ConfigError(f"model.head_options.{unknown[0]} is not a decoding option of head 'matrix' "
+                              f"(those are {list(DECODE_OPTIONS)}): it cannot change after training")
+        now = {"ensemble": self.ensemble, "inference": self.inference, "inference_k": self.inference_k} | options
+        self.ensemble = _check_decoding(self.direction, self.null_answer, now["ensemble"], now["inference"],
+                                        now["inference_k"])
+        self.inference, self.inference_k = now["inference"], now["inference_k"]
 
     def _trained(self) -> list[str]:
         return [name for name in KEY if KEY[name] in self.directions]
@@ -314,6 +323,28 @@ class MatrixHead(nn.Module):
         return first[rows, cls_index] + logp[rows, 0, cls_index]
 
 
+def _check_int_option(key: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+        raise ConfigError(f"model.head_options.{key} must be an integer >= 2, got {value!r}")
+
+
+def _check_decoding(direction: str, null_answer: bool, ensemble, inference, inference_k) -> bool:
+    """The decoding options checked against the head's directions; `ensemble` resolved (None: the
+    default, on for `both`)."""
+    if ensemble is not None and not isinstance(ensemble, bool):
+        raise ConfigError(f"model.head_options.ensemble must be true, false or null, got {ensemble!r}")
+    ensemble = (direction == "both") if ensemble is None else ensemble
+    if ensemble and direction != "both":
+        raise ConfigError("model.head_options.ensemble needs direction: both (the ensemble joins both directions)")
+    if ensemble and null_answer:
+        raise ConfigError("model.head_options.ensemble is not supported with SQuAD v2 null answers "
+                          "(§2.6 defines it on span pairs); use ensemble: false")
+    if inference not in ("topk", "exact"):
+        raise ConfigError(f"model.head_options.inference must be 'topk' or 'exact', got {inference!r}")
+    _check_int_option("inference_k", inference_k)
+    return ensemble
+
+
 def ensemble_merge(fwd, bwd, k: int):
     """§2.6: F ∪ (B minus the pairs already in F), best first, top k. Each is (scores, starts, ends) (b, k)."""
     f_sc, f_st, f_en = fwd
@@ -329,6 +360,6 @@ def ensemble_merge(fwd, bwd, k: int):
     return top, st.masked_fill(bad, -1), en.masked_fill(bad, -1)
 
 
-@HEADS.register("matrix")
+@HEADS.register("matrix", decode_options=DECODE_OPTIONS)
 def matrix(hidden_size: int, null_answer: bool = False, **options) -> MatrixHead:
     return MatrixHead(hidden_size, null_answer, **options)
