@@ -119,19 +119,47 @@ def diagnose(model, data, output_dir, xs=None, overrides=None, progress: bool = 
     class, consistency and data statistics; options `k_max` (10), `quantiles` (a (low, high) pair; None
     for every sentence; default "model": the quantiles the model trained on, else (0.25, 0.75)), `modes` (("duplicate", "shift")), `max_len`, `batch_tokens`
     (see `posbias.tagging.diagnose.diagnose`).
+    Retrieval (`task="retrieval"`, a sentence-embedding model): `diagnose_retrieval`.
     """
+    if task == "retrieval":  # not a training task: an embedding model ranking passages (posbias.retrieval)
+        return diagnose_retrieval(model, data, output_dir, progress=progress, bootstrap_samples=bootstrap_samples,
+                                  min_bucket=min_bucket, quality_floor=quality_floor, **options)
     outputs.one_process("diagnose")
+    _check_verdict_options(bootstrap_samples, min_bucket, quality_floor)
+    common = {"bias_samples": bootstrap_samples, "min_bucket": min_bucket, "quality_floor": float(quality_floor)}
+    if xs is not None:
+        options["xs"] = xs
+    return _task_of(model, task).diagnose(model, data, output_dir, overrides=overrides, progress=progress,
+                                          **common, **options)
+
+
+def diagnose_retrieval(model, data, output_dir, *, progress: bool = True, bootstrap_samples: int = 2000,
+                       min_bucket: int = 30, quality_floor: float = 20.0, **options) -> dict:
+    """Position bias of a sentence-embedding model (`posbias diagnose retrieval`; `posbias.retrieval`):
+    every answerable question of the SQuAD-format `data` ranked against all its passages, NDCG@10,
+    recall@k and MRR by where the answer sits (SQuAD-PosQ's character buckets, and tokens), front − rear
+    and PSI with bootstrap intervals, BM25 and best-chunk (max-sim) scoring beside it, and the paired
+    variant (each paragraph at the start, middle and end of a document). `model`: a
+    sentence-transformers folder, a plain Hugging Face encoder folder (mean pooling), `minilm`, a
+    cached Hub id, or an object with `posbias.retrieval.embed.Embedder`'s members. Options: device,
+    precision (auto: bf16 where the hardware has it), max_length, batch_size, bm25, chunks,
+    chunk_tokens, paired, seed, max_queries, cache_dir (embeddings reused across runs); see
+    `posbias.retrieval.diagnose.diagnose`."""
+    from .retrieval.diagnose import diagnose as _diagnose  # loads torch: `import posbias` stays light
+
+    outputs.one_process("diagnose")
+    _check_verdict_options(bootstrap_samples, min_bucket, quality_floor)
+    return _diagnose(model, data, output_dir, bias_samples=bootstrap_samples, min_bucket=min_bucket,
+                     quality_floor=float(quality_floor), progress=progress, **options)
+
+
+def _check_verdict_options(bootstrap_samples, min_bucket, quality_floor) -> None:
     if isinstance(bootstrap_samples, bool) or not isinstance(bootstrap_samples, int) or bootstrap_samples < 0:
         raise ConfigError(f"diagnose: bootstrap_samples must be an integer >= 0, got {bootstrap_samples!r}")
     if isinstance(min_bucket, bool) or not isinstance(min_bucket, int) or min_bucket < 1:
         raise ConfigError(f"diagnose: min_bucket must be a positive integer, got {min_bucket!r}")
     if isinstance(quality_floor, bool) or not isinstance(quality_floor, (int, float)) or not 0 <= quality_floor <= 100:
         raise ConfigError(f"diagnose: quality_floor must be a number of points in 0..100, got {quality_floor!r}")
-    common = {"bias_samples": bootstrap_samples, "min_bucket": min_bucket, "quality_floor": float(quality_floor)}
-    if xs is not None:
-        options["xs"] = xs
-    return _task_of(model, task).diagnose(model, data, output_dir, overrides=overrides, progress=progress,
-                                          **common, **options)
 
 
 def explain_attention(model, question: str, context: str, output_dir, answer: str | None = None,

@@ -99,7 +99,8 @@ class _Ordered(argparse.Action):
 
 # The built-in tasks' sub-commands (argparse needs them before any task is imported: `posbias --help`
 # loads no torch); what each does is the task's own (`posbias.tasks.Task`).
-TASKS = {"qa": "extractive QA", "tagging": "token classification: NER, POS"}
+TASKS = {"qa": "extractive QA", "tagging": "token classification: NER, POS",
+         "retrieval": "sentence-embedding retrievers ranking passages"}
 EVAL_DATA_HELP = {"qa": "SQuAD JSON(.gz) or MRQA JSONL(.gz)", "tagging": "CoNLL / CoNLL-U file (or several shards)"}
 
 
@@ -214,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     _device_arg(p)
     _task_options(p, "text")
 
-    ps = _tasks(sub, "diagnose", "position-bias analyses of a model")
+    ps = _tasks(sub, "diagnose", "position-bias analyses of a model", tasks=("qa", "tagging", "retrieval"))
     p = ps["qa"]
     _model_arg(p, "posbias checkpoint or Hugging Face *ForQuestionAnswering folder")
     p.add_argument("--data", required=True)
@@ -244,6 +245,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="data overrides, e.g. data.format=conll data.tag=xpos")
     _device_arg(p)
     _task_options(p, "k_max", "quantiles", "modes", "max_len", "batch_tokens", none_means=("quantiles",))
+    p = ps["retrieval"]
+    _model_arg(p, "sentence-transformers folder, plain Hugging Face encoder folder (mean pooling), `minilm` or a "
+                  "cached Hub id")
+    p.add_argument("--data", required=True, help="SQuAD JSON(.gz) or MRQA JSONL(.gz): questions with located answers")
+    p.add_argument("--output-dir", required=True, help="diagnosis.md/.html/.json, ranks.json and plots go here")
+    p.add_argument("--no-bm25", dest="bm25", action="store_false", help="leave out the BM25 baseline")
+    p.add_argument("--no-chunks", dest="chunks", action="store_false",
+                   help="leave out best-chunk (max-sim) scoring")
+    p.add_argument("--chunk-tokens", type=positive_int, default=128, help="tokens per chunk for max-sim (default 128)")
+    p.add_argument("--no-paired", dest="paired", action="store_false",
+                   help="leave out the paired start/middle/end documents")
+    p.add_argument("--max-length", type=positive_int, default=None,
+                   help="tokens the model reads per text (default: the model's own, e.g. max_seq_length)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="texts per forward batch (default 64)")
+    p.add_argument("--max-queries", type=positive_int, default=None, help="the first N questions of the file only")
+    p.add_argument("--cache-dir", default=None, help="keep embeddings here (safetensors) for the next run")
+    p.add_argument("--seed", type=integer, default=0, help="the paired variant's filler order (default 0)")
+    _verdict_args(p, "questions")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--precision", default="auto", choices=["fp32", "bf16", "fp16", "auto"],
+                   help="auto (default): bf16 where the hardware computes it natively, else fp32")
+    _task_options(p, "bm25", "chunks", "chunk_tokens", "paired", "max_length", "batch_size", "max_queries",
+                  "cache_dir", "seed", "device", "precision")
 
     ps = _tasks(sub, "score", "score a predictions file without a model")
     p = ps["qa"]
@@ -404,6 +428,14 @@ def _predict(args, api) -> None:
 
 
 def _diagnose(args, api) -> None:
+    if args.task == "retrieval":
+        res = api.diagnose_retrieval(args.model, args.data, args.output_dir, progress=not args.quiet,
+                                     bootstrap_samples=args.bootstrap_samples, min_bucket=args.min_bucket,
+                                     quality_floor=args.quality_floor, **_options(args))
+        if args.verbose:
+            print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"))
+        print("\n".join(res["verdict_lines"]))
+        return
     res = api.diagnose(args.model, args.data, args.output_dir, overrides=args.overrides, task=args.task,
                        progress=not args.quiet, bootstrap_samples=args.bootstrap_samples, min_bucket=args.min_bucket,
                        quality_floor=args.quality_floor, **_options(args))

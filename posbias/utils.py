@@ -28,16 +28,22 @@ os.umask(_UMASK)  # read the process umask (os.umask can only read it by setting
 def atomic_write_text(path, text) -> None:
     """Write via a temporary file + rename, so a crash never leaves a half-written file. `text` is a
     string or an iterable of strings written one after another (nothing joined in memory)."""
+    _atomic_write(path, "w", lambda f: f.write(text) if isinstance(text, str) else f.writelines(text))
+
+
+def atomic_write_bytes(path, data: bytes) -> None:
+    """`atomic_write_text` for bytes (a safetensors file)."""
+    _atomic_write(path, "wb", lambda f: f.write(data))
+
+
+def _atomic_write(path, mode: str, write) -> None:
     path = Path(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            if isinstance(text, str):
-                f.write(text)
-            else:
-                f.writelines(text)
+        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
+            write(f)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; results are for sharing
         os.replace(tmp, path)
     except BaseException as e:

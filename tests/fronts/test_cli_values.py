@@ -109,7 +109,7 @@ def test_the_walk_reaches_every_command_and_numeric_option():
     (each with its list of values to refuse), not a bare int or float."""
     assert {" ".join(p) for p in LEAVES} >= {
         "train qa", "train tagging", "evaluate qa", "evaluate tagging", "predict qa", "predict tagging",
-        "diagnose qa", "diagnose tagging", "score qa", "score tagging", "export", "explain attention",
+        "diagnose qa", "diagnose tagging", "diagnose retrieval", "score qa", "score tagging", "export", "explain attention",
         "experiment run", "experiment copy", "experiment report", "data build", "data stats", "demo"}
     bare = [(p, a.option_strings) for p, parser in LEAVES.items() for a in parser._actions
             if a.type in (int, float)]
