@@ -17,6 +17,8 @@ summary.yaml:
           - {store: docs/experiments/map_squad, eval_set: test, metric: EM, method: map_e,
              stat: delta, text: "+1.30"}
         unchecked: ["29.6 vs 65.3: ..."]    # numbers the row prints that are not recomputed here, and why
+A check of an archived diagnosis (`posbias diagnose ... --output-dir`, copied into the repository)
+instead: {diagnosis: docs/diagnoses/NAME, key: "axes > dense: answer character > effect", text: "1.87"}.
 A check's `stat`: mean, std, delta (method − baseline, paired by seed), p (t-test over seeds),
 p_holm (Holm-adjusted over the store's report table), ci_low/ci_high (t-interval over seeds).
 Optional keys: dataset (the store's data set name), baseline (another method than the spec's),
@@ -26,6 +28,7 @@ digits `text` shows; a leading + is kept, and "−" (U+2212) reads as "-".
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from functools import lru_cache
@@ -48,7 +51,9 @@ def _rows(store: str, baseline: str | None, only: tuple[str, ...] | None) -> lis
 
 
 def value(check: dict) -> float:
-    """The number `check` asks for, recomputed from its store."""
+    """The number `check` asks for, recomputed from its store (or read from its archived diagnosis)."""
+    if "diagnosis" in check:
+        return _diagnosis_value(check)
     only = tuple(check["only"]) if check.get("only") else None
     rows = [r for r in _rows(check["store"], check.get("baseline"), only)
             if r["eval_set"] == check["eval_set"] and r["metric"] == check["metric"]
@@ -64,7 +69,30 @@ def value(check: dict) -> float:
     return r["ttest"]["diff" if stat == "delta" else stat]
 
 
+@lru_cache(maxsize=None)
+def _diagnosis(path: str) -> dict:
+    return json.loads((ROOT / path / "diagnosis.json").read_text(encoding="utf-8"))
+
+
+def _diagnosis_value(check: dict) -> float:
+    """A number of an archived `posbias diagnose` output: `key` is a path of keys (and list indices)
+    into its diagnosis.json, joined by " > "."""
+    x = _diagnosis(check["diagnosis"])
+    for part in check["key"].split(" > "):
+        if isinstance(x, list):
+            x = x[int(part)]
+        elif isinstance(x, dict) and part in x:
+            x = x[part]
+        else:
+            raise LookupError(f"{check['diagnosis']}/diagnosis.json has no {check['key']!r} ({part!r})")
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise LookupError(f"{check['diagnosis']}/diagnosis.json {check['key']!r} is not a number")
+    return float(x)
+
+
 def _where(check: dict) -> str:
+    if "diagnosis" in check:
+        return f"{check['diagnosis']}/diagnosis.json {check['key']}"
     parts = [check["store"], check.get("dataset"), check["eval_set"], check["metric"], check["method"]]
     return "/".join(str(p) for p in parts if p is not None) + (f" vs {check['baseline']}" if check.get("baseline") else "")
 
@@ -142,7 +170,7 @@ def check(summary: dict, benchmarks: str) -> list[str]:
                 continue
             want = list(_NUMBER.finditer(c["text"]))[-1].group(0)
             if got != want:
-                problems.append(f"{claim!r}: {c['text']!r} printed, the record gives {got} ({_where(c)} {c['stat']})")
+                problems.append(f"{claim!r}: {c['text']!r} printed, the record gives {got} ({_where(c)} {c.get('stat', '')})")
             if c["text"] not in printed:
                 problems.append(f"{claim!r}: {c['text']!r} is checked but the summary row does not print it")
         if not row.get("checks") and not row.get("unchecked"):

@@ -60,3 +60,17 @@ def test_undefined_verdicts_rows_and_regimes_are_caught():
                                                (-0.004, "−0.00", "0.00"), (2.0, "F1(10) 2", "2")])
 def test_numbers_are_written_as_the_text_writes_them(value, text, want):
     assert cs.formatted(value, text) == want
+
+
+def test_a_diagnosis_number_is_read_from_its_archived_json():
+    """A row tied to an archived `posbias diagnose` output (docs/diagnoses/...): a printed number that
+    differs from its diagnosis.json, or a key that is not there, is caught."""
+    rows = [dict(r) for r in SUMMARY["rows"]]
+    ret = next(r for r in rows if r.get("checks") and "diagnosis" in r["checks"][0])
+    first = ret["checks"][0]
+    assert cs.check(dict(SUMMARY, rows=rows), BENCHMARKS) == []
+    ret["checks"] = [dict(first, key=first["key"].replace("> 0 >", "> 1 >"))] + ret["checks"][1:]  # another bucket
+    problems = cs.check(dict(SUMMARY, rows=rows), BENCHMARKS)
+    assert any(f"{first['text']!r} printed, the record gives" in p for p in problems), problems
+    ret["checks"] = [dict(first, key="axes > nowhere")]
+    assert any("has no 'axes > nowhere'" in p for p in cs.check(dict(SUMMARY, rows=rows), BENCHMARKS))
