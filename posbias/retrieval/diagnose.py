@@ -101,24 +101,24 @@ def token_positions(rset: RetrievalSet, tokenizer) -> np.ndarray:
 
 
 def score_set(rset: RetrievalSet, embedder: Embedder | None, methods: tuple[str, ...], *, batch_size: int,
-              chunk_tokens: int, cache_dir, timings: dict) -> dict[str, np.ndarray]:
+              chunk_tokens: int, cache_dir, timings: dict, progress: bool = False) -> dict[str, np.ndarray]:
     """Gold ranks (q,) of `rset`'s queries for each method."""
     ranks = {}
     q_emb = None
     if "dense" in methods or "chunks" in methods:
         t = time.perf_counter()
-        q_emb = embedder.encode(rset.queries, "query", batch_size=batch_size, cache_dir=cache_dir)
+        q_emb = embedder.encode(rset.queries, "query", batch_size=batch_size, cache_dir=cache_dir, progress=progress)
         timings[f"{rset.name}: encode queries"] = time.perf_counter() - t
     if "dense" in methods:
         t = time.perf_counter()
-        p_emb = embedder.encode(rset.passages, "document", batch_size=batch_size, cache_dir=cache_dir)
+        p_emb = embedder.encode(rset.passages, "document", batch_size=batch_size, cache_dir=cache_dir, progress=progress)
         timings[f"{rset.name}: encode passages"] = time.perf_counter() - t
         ranks["dense"] = ranks_from_blocks(dense_blocks(q_emb, p_emb), rset.gold)
         timings.setdefault("gold_similarity", {})[rset.name] = float(np.einsum("qd,qd->q", q_emb, p_emb[rset.gold]).mean())
     if "chunks" in methods:
         texts, owner = chunk_passages(rset.passages, embedder.tokenizer, chunk_tokens)
         t = time.perf_counter()
-        c_emb = embedder.encode(texts, "document", batch_size=batch_size, cache_dir=cache_dir)
+        c_emb = embedder.encode(texts, "document", batch_size=batch_size, cache_dir=cache_dir, progress=progress)
         timings[f"{rset.name}: encode {len(texts):,} chunks"] = time.perf_counter() - t
         ranks["chunks"] = ranks_from_blocks(maxsim_blocks(q_emb, c_emb, owner, len(rset.passages)), rset.gold)
     if "bm25" in methods:
@@ -203,17 +203,18 @@ def diagnose(model, data, output_dir, *, device: str = "auto", precision: str = 
     with staged_output(output_dir, names=OUTPUTS) as out:
         return _diagnose(embedder, ds, examples, out, Path(output_dir), methods, batch_size=batch_size,
                          chunk_tokens=chunk_tokens, paired=paired, seed=seed, cache_dir=cache_dir,
-                         samples=bias_samples, min_bucket=min_bucket, floor=float(quality_floor), t0=t0)
+                         samples=bias_samples, min_bucket=min_bucket, floor=float(quality_floor), t0=t0,
+                         progress=progress)
 
 
 def _diagnose(embedder: Embedder, ds, examples, out: Path, final: Path, methods, *, batch_size, chunk_tokens, paired,
-              seed, cache_dir, samples, min_bucket, floor, t0) -> dict:
+              seed, cache_dir, samples, min_bucket, floor, t0, progress=False) -> dict:
     timings: dict[str, float] = {}
     rset = from_examples(examples)
     if not rset.queries:
         raise ConfigError(f"{ds.path}: no answerable question to rank (diagnose retrieval needs answers with offsets)")
     ranks = score_set(rset, embedder, methods, batch_size=batch_size, chunk_tokens=chunk_tokens,
-                      cache_dir=cache_dir, timings=timings)
+                      cache_dir=cache_dir, timings=timings, progress=progress)
     char_labels = [bucket_label(c, CHAR_EDGES) for c in rset.answer_char]
     tok = token_positions(rset, embedder.tokenizer)
     tok_labels = [bucket_label(t, TOKEN_EDGES) for t in tok]
@@ -239,7 +240,7 @@ def _diagnose(embedder: Embedder, ds, examples, out: Path, final: Path, methods,
         sets = positioned_sets(examples, embedder.count_tokens, window, seed=seed)
         if sets[POSITIONS[0]].queries:
             pranks = {pos: score_set(s, embedder, methods, batch_size=batch_size, chunk_tokens=chunk_tokens,
-                                     cache_dir=cache_dir, timings=timings) for pos, s in sets.items()}
+                                     cache_dir=cache_dir, timings=timings, progress=progress) for pos, s in sets.items()}
             res["paired"] = {"set": sets[POSITIONS[0]].stats,
                              "methods": {m: paired_positions({pos: pranks[pos][m] for pos in sets}, samples, seed)
                                          for m in methods}}

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .. import devices
 from ..config import resolve_path
 from ..encoders import check_weights_file, local_dir
 from ..errors import ConfigError
 from ..precision import Precision, autocast, resolve_precision
-from ..utils import atomic_write_bytes
+from ..utils import atomic_write_bytes, interactive
 
 ST_PREFIX = "sentence_transformers."
 
@@ -62,9 +64,11 @@ class Embedder:
                 "similarity": self.similarity, "device": str(self.device), "precision": self.precision.to_dict(),
                 "fingerprint": self.fingerprint}
 
-    def encode(self, texts: list[str], role: str, *, batch_size: int = 64, cache_dir=None) -> np.ndarray:
+    def encode(self, texts: list[str], role: str, *, batch_size: int = 64, cache_dir=None,
+               progress: bool = False) -> np.ndarray:
         """(n, d) float32 embeddings of `texts` as `role` ("query" or "document"); normalised when the
-        similarity is cosine, so that a dot product scores them either way."""
+        similarity is cosine, so that a dot product scores them either way. `progress`: a bar on a
+        terminal, one line in a log."""
         if role not in ("query", "document"):
             raise ValueError(f"role must be query or document, got {role!r}")
         file = None
@@ -82,8 +86,11 @@ class Embedder:
             return np.zeros((0, 0), dtype=np.float32)
         order = np.argsort([-len(t) for t in texts], kind="stable")  # longest first: a memory error shows early
         out = None
+        if progress and not interactive():
+            print(f"posbias: embedding {len(texts):,} {role} texts", file=sys.stderr, flush=True)
         with autocast(self.device, self.precision):
-            for lo in range(0, len(texts), batch_size):
+            for lo in tqdm(range(0, len(texts), batch_size), desc=f"embed {role}s", leave=False,
+                           disable=not (progress and interactive())):
                 idx = order[lo:lo + batch_size]
                 emb = self._batch([texts[i] for i in idx], role, batch_size)
                 if out is None:

@@ -42,7 +42,7 @@ class WordBag:
         return {"model": self.source, "kind": "test", "max_length": self.max_length, "similarity": "cosine",
                 "device": "cpu", "precision": Precision("fp32", "test", "fp32").to_dict()}
 
-    def encode(self, texts, role, batch_size=64, cache_dir=None):
+    def encode(self, texts, role, batch_size=64, cache_dir=None, progress=False):
         self.calls += 1
         out = np.zeros((len(texts), DIM), dtype=np.float32)
         for i, t in enumerate(texts):
