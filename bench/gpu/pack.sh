@@ -56,37 +56,28 @@ ls "$DEST"/part2/minilm/model.safetensors.part* | wc -l > "$DEST/part1/minilm/mo
 mv "$DEST/part2/minilm/model.safetensors.part00" "$DEST/part1/minilm/"
 
 # ---- data for the queue items
+# squad_item NAME BUILD ARGS...: bench/out/gpu_data/NAME/{train,val,test}.json.gz, the train set built from
+# the rebuilt SQuAD train with ARGS (into build/BUILD), val/test the seeded halves of the official dev set
+squad_item() {
+  local out=bench/out/gpu_data/$1 build=bench/out/gpu_data/build/$2; shift 2
+  if [ ! -s "$out/train.json.gz" ] || [ ! -s "$out/val.json.gz" ] || [ ! -s "$out/test.json.gz" ]; then
+    local T=$SHARED/squad_v1.1_train_reconstructed halves=bench/out/gpu_data/build/dev_halves
+    "$PY" -m posbias data build --input "$T"/train-v1.1-reconstructed.part{1,2,3}of3.json.gz --out "$build" "$@"
+    "$PY" -m posbias data build --input "$SHARED"/squad_v1.1/dev-v1.1.json.gz --out "$halves" --split --seed 13
+    mkdir -p "$out"
+    gzip -9 -c "$build/train.json" > "$out/train.json.gz"
+    gzip -9 -c "$halves/val.json" > "$out/val.json.gz"
+    gzip -9 -c "$halves/test.json" > "$out/test.json.gz"
+    cp "$build/stats.md" "$out/train_stats.md"; cp "$halves/stats.md" "$out/dev_stats.md"
+  fi
+}
 for item in $ITEMS; do
   case "$item" in
     none) ;;
     rp_full)  # bench/gpu/rp_full.yaml: all of the rebuilt train set cut to D_50, the two dev halves
-      out=bench/out/gpu_data/rp_full; work=bench/out/gpu_data/build
-      if [ ! -s "$out/train.json.gz" ] || [ ! -s "$out/val.json.gz" ] || [ ! -s "$out/test.json.gz" ]; then
-        T=$SHARED/squad_v1.1_train_reconstructed
-        "$PY" -m posbias data build --input "$T"/train-v1.1-reconstructed.part{1,2,3}of3.json.gz \
-            --out "$work/train_d50" --truncate 50 --name train --seed 13 --keep-unanswerable
-        "$PY" -m posbias data build --input "$SHARED"/squad_v1.1/dev-v1.1.json.gz --out "$work/dev_halves" \
-            --split --seed 13
-        mkdir -p "$out"
-        gzip -9 -c "$work/train_d50/train.json" > "$out/train.json.gz"
-        gzip -9 -c "$work/dev_halves/val.json" > "$out/val.json.gz"
-        gzip -9 -c "$work/dev_halves/test.json" > "$out/test.json.gz"
-        cp "$work/train_d50/stats.md" "$out/train_stats.md"; cp "$work/dev_halves/stats.md" "$out/dev_stats.md"
-      fi ;;
+      squad_item rp_full train_d50 --truncate 50 --name train --seed 13 --keep-unanswerable ;;
     map_full)  # bench/gpu/map_full.yaml: every unambiguous rebuilt train question, whole; the dev halves of rp_full
-      out=bench/out/gpu_data/map_full; work=bench/out/gpu_data/build
-      if [ ! -s "$out/train.json.gz" ] || [ ! -s "$out/val.json.gz" ] || [ ! -s "$out/test.json.gz" ]; then
-        T=$SHARED/squad_v1.1_train_reconstructed
-        "$PY" -m posbias data build --input "$T"/train-v1.1-reconstructed.part{1,2,3}of3.json.gz \
-            --out "$work/train_full" --name train --exclude-ambiguous
-        "$PY" -m posbias data build --input "$SHARED"/squad_v1.1/dev-v1.1.json.gz --out "$work/dev_halves" \
-            --split --seed 13
-        mkdir -p "$out"
-        gzip -9 -c "$work/train_full/train.json" > "$out/train.json.gz"
-        gzip -9 -c "$work/dev_halves/val.json" > "$out/val.json.gz"
-        gzip -9 -c "$work/dev_halves/test.json" > "$out/test.json.gz"
-        cp "$work/train_full/stats.md" "$out/train_stats.md"; cp "$work/dev_halves/stats.md" "$out/dev_stats.md"
-      fi ;;
+      squad_item map_full train_full --name train --exclude-ambiguous ;;
     probe)  # bench/gpu/lane_probe.py: 6,000 D_50 training questions (how many lanes a GPU takes)
       out=bench/out/gpu_data/probe
       if [ ! -s "$out/train_d50_6k.json.gz" ]; then

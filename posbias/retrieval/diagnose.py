@@ -101,11 +101,11 @@ def token_positions(rset: RetrievalSet, tokenizer) -> np.ndarray:
 
 
 def score_set(rset: RetrievalSet, embedder: Embedder | None, methods: tuple[str, ...], *, batch_size: int,
-              chunk_tokens: int, cache_dir, timings: dict, progress: bool = False) -> dict[str, np.ndarray]:
-    """Gold ranks (q,) of `rset`'s queries for each method."""
+              chunk_tokens: int, cache_dir, timings: dict, progress: bool = False,
+              q_emb: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Gold ranks (q,) of `rset`'s queries for each method; `q_emb`: their embeddings, when already made."""
     ranks = {}
-    q_emb = None
-    if "dense" in methods or "chunks" in methods:
+    if q_emb is None and ("dense" in methods or "chunks" in methods):
         t = time.perf_counter()
         q_emb = embedder.encode(rset.queries, "query", batch_size=batch_size, cache_dir=cache_dir, progress=progress)
         timings[f"{rset.name}: encode queries"] = time.perf_counter() - t
@@ -239,8 +239,12 @@ def _diagnose(embedder: Embedder, ds, examples, out: Path, final: Path, methods,
     if paired:
         sets = positioned_sets(examples, embedder.count_tokens, window, seed=seed)
         if sets[POSITIONS[0]].queries:
+            # the same questions at every position: embedded once
+            q_emb = embedder.encode(sets[POSITIONS[0]].queries, "query", batch_size=batch_size, cache_dir=cache_dir,
+                                    progress=progress)
             pranks = {pos: score_set(s, embedder, methods, batch_size=batch_size, chunk_tokens=chunk_tokens,
-                                     cache_dir=cache_dir, timings=timings, progress=progress) for pos, s in sets.items()}
+                                     cache_dir=cache_dir, timings=timings, progress=progress, q_emb=q_emb)
+                      for pos, s in sets.items()}
             res["paired"] = {"set": sets[POSITIONS[0]].stats,
                              "methods": {m: paired_positions({pos: pranks[pos][m] for pos in sets}, samples, seed)
                                          for m in methods}}
@@ -273,17 +277,20 @@ def _diagnose(embedder: Embedder, ds, examples, out: Path, final: Path, methods,
 # ------------------------------------------------------------------------------------------ report
 def _plots(res: dict, out: Path) -> list[Path]:
     plt = pyplot()
-    paths = []
+
+    def save(fig, ax, xlabel: str, name: str) -> Path:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("NDCG@10")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        return out / name
+
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for m, rows in res["char_buckets"].items():
         ax.plot([r["label"] for r in rows], [r["NDCG@10"] for r in rows], marker="o", label=METHOD_NAMES[m])
-    ax.set_xlabel("answer start (characters into the passage)")
-    ax.set_ylabel("NDCG@10")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out / "ndcg_by_position.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths = [save(fig, ax, "answer start (characters into the passage)", "ndcg_by_position.png")]
     if res["paired"] and res["paired"]["methods"]:
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         ms = list(res["paired"]["methods"])
@@ -292,13 +299,7 @@ def _plots(res: dict, out: Path) -> list[Path]:
             pos = res["paired"]["methods"][m]["positions"]
             ax.bar(np.arange(len(pos)) + i * width, [v["NDCG@10"] for v in pos.values()], width, label=METHOD_NAMES[m])
         ax.set_xticks(np.arange(len(POSITIONS)) + 0.4 - width / 2, list(POSITIONS))
-        ax.set_ylabel("NDCG@10")
-        ax.set_xlabel("the answer's paragraph in its document")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / "paired_positions.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(save(fig, ax, "the answer's paragraph in its document", "paired_positions.png"))
     return paths
 
 
