@@ -1,13 +1,15 @@
 """Evaluating a checkpoint, for every task: the orchestration around `posbias.checkpoint`'s files.
 
 `load_for_eval` opens a checkpoint for `posbias evaluate` / `predict` / `diagnose` (its run config
-with the command's overrides, `eval_config`; the same checks as training; `train.eval_precision`),
+with the command's overrides, `eval_config`; the same checks as training; `train.eval_precision`;
+`opened_for_eval`: the same, with torch's current CUDA device the model's for the block),
 `evaluate_file` is `posbias evaluate` for any task (a checkpoint, a data file, the task's
 evaluation, its outputs), and `write_run_meta` writes config.yaml and run_info.json next to a
 command's outputs. The outputs themselves go through `outputs.staged_output`.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import replace
@@ -73,6 +75,17 @@ def load_for_eval(model, overrides, task: str):
     return with_precision(net.to(device), eval_precision(cfg, device)), tokenizer, cfg
 
 
+@contextlib.contextmanager
+def opened_for_eval(model, overrides, task: str):
+    """`load_for_eval`'s (net, tokenizer, run config), with torch's current CUDA device the model's
+    inside the block (`devices.current`), as training sets it: on `cuda:N`, whatever says only `cuda`
+    (a kernel library's handle, a third party's tensor) lands on GPU N, not GPU 0."""
+    net, tokenizer, cfg = load_for_eval(model, overrides, task)
+    param = next(net.parameters(), None)
+    with devices.current(param.device if param is not None else devices.resolve_device(cfg.train.device)):
+        yield net, tokenizer, cfg
+
+
 def eval_precision(cfg: RunConfig, device):
     """The resolved `train.eval_precision` of an evaluation, prediction or diagnosis on `device`."""
     return resolve_precision(cfg.train.eval_precision, device, "train.eval_precision")
@@ -109,8 +122,7 @@ def evaluate_file(model, data, output_dir, overrides, task: str, evaluate, progr
     """`posbias evaluate`: load a checkpoint, read `data` with its config (+ overrides), run
     `evaluate(net, tokenizer, cfg, dataset, output_dir, progress=...)`, write the run's config,
     seed and versions next to the outputs (all through `staged_output`)."""
-    with staged_output(output_dir) as out:
-        net, tokenizer, cfg = load_for_eval(model, overrides, task)
+    with staged_output(output_dir) as out, opened_for_eval(model, overrides, task) as (net, tokenizer, cfg):
         ds = TASKS.get(task).read(data, cfg)
         if cfg.data.max_eval_examples:
             ds.examples = ds.examples[: cfg.data.max_eval_examples]

@@ -86,7 +86,7 @@ for item in $ITEMS; do
             --out bench/out/gpu_data/build/d50_6k --truncate 50 --name train --seed 13 --keep-unanswerable --sample 6000
         mkdir -p "$out" && gzip -9 -c bench/out/gpu_data/build/d50_6k/train.json > "$out/train_d50_6k.json.gz"
       fi ;;
-    tpb_conll)  # bench/gpu/tpb_conll_full.yaml: CoNLL-2003 as it is (ignored files, never committed),
+    tpb_conll|hf_conll)  # bench/gpu/tpb_conll_full.yaml, bench/tpb_conll_hf.yaml: CoNLL-2003 as it is (ignored, never committed),
       out=bench/out/gpu_data/shared/conll2003  # read there through POSBIAS_SHARED_DATA (remote.sh)
       mkdir -p "$out"
       for f in train.txt.gz valid.txt test.txt; do cp -n "$SHARED/conll2003/$f" "$out/"; done ;;

@@ -10,7 +10,9 @@
 #                                               queue item NAME (bench/gpu/NAME.yaml) as concurrent lanes
 #                                               (bench/gpu/lanes.py) until SECONDS; -> $OUT/NAME.tar.gz
 #                                               (NAME smoke: the bundled tiny grid, to try the path;
-#                                               LANES_DEVICE=cpu runs it on the CPU)
+#                                               LANES_DEVICE=cpu runs it on the CPU; NAME hf_conll:
+#                                               bench/hf_trainer_conll.py's Trainer runs, LANES at
+#                                               once, then scored as bench/tpb_conll_hf.yaml)
 # Several at once: bash bench/gpu/remote.sh setup throughput check ... (each word starts a step; the
 # arguments after a step's name are its own until the next step name).
 # STASH (default /tmp/posbias-gpu) survives between calls while the machine stays; OUT is where the
@@ -116,6 +118,14 @@ item() {
     map_full) for s in ${SEEDS:-1 2 3 4 5}; do  # Table 1's claim first (MaP_E vs InD), then VCP and MaP_F
                 g=""; for m in ${METHODS:-ind map_e vcp map_f}; do g+="${g:+,}$m/seed$s"; done
                 groups+=("$g"); done ;;
+    hf_conll) spec=bench/tpb_conll_hf.yaml  # the Trainer script's runs first, then their scoring as lanes
+              hf_train "$seconds" "$lanes" || return 1
+              seconds=$((seconds - hf_used))
+              for s in ${SEEDS:-1 2 3}; do
+                g=""; for m in ${METHODS:-none cp rpp}; do
+                  [ -s "bench/out/hf_trainer_conll/${m}_seed$s/record.json" ] && g+="${g:+,}hf_$m/seed$s"; done
+                [ -n "$g" ] && groups+=("$g"); done
+              [ ${#groups[@]} -gt 0 ] || { log "item hf_conll: no Trainer run finished"; return 1; } ;;
     smoke) spec=posbias/configs/experiments/smoke.yaml; groups=("context_softmax/seed1,all_token_softmax/seed1" "context_softmax/seed2,all_token_softmax/seed2") ;;
     *) log "item: unknown $name"; return 2 ;;
   esac
@@ -135,8 +145,36 @@ item() {
     done
     "$PY" -m posbias experiment copy "$STASH/experiments/$name" "$STASH/$name/store" 2>&1 | tail -2 | tee -a "$STASH/$name.log"
   fi
+  if [ "$name" = hf_conll ]; then  # the Trainer runs' records and logs (not their weights)
+    mkdir -p "$STASH/$name/trainer_runs"
+    cp -r "$STASH/hf_conll_logs" "$STASH/$name/trainer_runs/logs"
+    for r in bench/out/hf_trainer_conll/*_seed*/record.json; do
+      [ -f "$r" ] && cp "$r" "$STASH/$name/trainer_runs/$(basename "$(dirname "$r")").json"; done
+  fi
   cp "$STASH/$name.log" "$STASH/$name/"
   (cd "$STASH" && tar -czf "$OUT/$name.tar.gz" "$name")
+}
+
+hf_used=0
+hf_train() {  # bench/hf_trainer_conll.py for each METHODS x SEEDS, LANES at once, stopped SCORE_S (default
+  # 150) seconds before the item's end so that the scoring fits; models in bench/out/hf_trainer_conll
+  # (HF_MAX_STEPS: fewer steps, to try the path)
+  local seconds=$1 lanes=$2 t0=$SECONDS left m s
+  [ -e "$STASH/minilm.done" ] || { log "item hf_conll: MiniLM is not installed (both parts needed)"; return 1; }
+  [ -d bench/out/gpu_data/shared ] && export POSBIAS_SHARED_DATA=$PWD/bench/out/gpu_data/shared
+  mkdir -p "$STASH/hf_conll_logs"
+  for s in ${SEEDS:-1 2 3}; do
+    for m in ${METHODS:-none cp rpp}; do
+      while [ "$(jobs -rp | wc -l)" -ge "$lanes" ]; do sleep 2; done
+      left=$((seconds - (SECONDS - t0) - ${SCORE_S:-150}))
+      [ "$left" -gt 60 ] || { log "hf_train: no time left for ${m}_seed$s"; continue; }
+      timeout "$left" "$PY" bench/hf_trainer_conll.py --method "$m" --seed "$s" --threads 2 ${HF_MAX_STEPS:+--max-steps $HF_MAX_STEPS} \
+          >"$STASH/hf_conll_logs/${m}_seed$s.log" 2>&1 &
+    done
+  done
+  wait
+  hf_used=$((SECONDS - t0))
+  log "hf_train: $(ls bench/out/hf_trainer_conll/*/record.json 2>/dev/null | wc -l) runs recorded in ${hf_used} s"
 }
 
 steps=(setup check throughput probe item)

@@ -337,15 +337,17 @@ def curve_intervals(cells, counts, *, samples: int = DEFAULT_SAMPLES, seed: int 
 
 
 # ------------------------------------------------------------------------------------------- words
-def _num(x: float, digits: int = 1) -> str:
+def minus_signed(x: float, digits: int = 1) -> str:
+    """`x` with `digits` decimals and a true minus sign (U+2212), as every verdict line prints it."""
     return f"{x:.{digits}f}".replace("-", "−")
 
 
-def _ci(ci, digits: int = 1, flip: bool = False) -> str:
+def ci_words(ci, digits: int = 1, flip: bool = False) -> str:
+    """A (low, high) interval as "95% CI a to b" (`flip`: of the negated effect); none: "no interval"."""
     if not ci:
         return "no interval"
     lo, hi = (-ci[1], -ci[0]) if flip else ci
-    return f"95% CI {_num(lo, digits)} to {_num(hi, digits)}"
+    return f"95% CI {minus_signed(lo, digits)} to {minus_signed(hi, digits)}"
 
 
 EVIDENCE_WORDS = {"yes": "yes", "no": "no", "reversed": "no (the reverse: later positions score higher)",
@@ -370,13 +372,13 @@ def sentence(v: dict | None, *, metric: str = "F1", what: str = "answers", where
     word = "lower" if e >= 0 else "higher"
     if "curve" in v:  # tagging: the same sentences at every copy
         place = f", {where}" if where else ""
-        head = (f"Copy {r['label'].split()[-1]} scores {_num(abs(e))} {metric} {word} than copy "
-                f"{f['label'].split()[-1]} ({f['n']:,} sentences{place}) [{_ci(v['ci'], flip=e < 0)}]")
+        head = (f"Copy {r['label'].split()[-1]} scores {minus_signed(abs(e))} {metric} {word} than copy "
+                f"{f['label'].split()[-1]} ({f['n']:,} sentences{place}) [{ci_words(v['ci'], flip=e < 0)}]")
         if v["evidence"] == "too few":
             head += f"; fewer than {v['min_size']} sentences"
     else:
-        head = (f"Rear {what} ({prefix}{r['label']}, n={r['n']:,}) score {_num(abs(e))} {metric} {word} than front "
-                f"ones ({prefix}{f['label']}, n={f['n']:,}) [{_ci(v['ci'], flip=e < 0)}]")
+        head = (f"Rear {what} ({prefix}{r['label']}, n={r['n']:,}) score {minus_signed(abs(e))} {metric} {word} than front "
+                f"ones ({prefix}{f['label']}, n={f['n']:,}) [{ci_words(v['ci'], flip=e < 0)}]")
     return f"{head}; evidence of position bias: {EVIDENCE_WORDS[v['evidence']]}."
 
 
@@ -387,9 +389,9 @@ def trend_text(t: dict | None, metric: str = "F1") -> str:
     per = t["per"]
     unit = t.get("unit", "")
     per_text = f"per {per:g} {unit}s" if per != 1 else f"per {unit}"
-    text = f"trend {_num(t['slope'], 2)} {metric} {per_text}"
+    text = f"trend {minus_signed(t['slope'], 2)} {metric} {per_text}"
     if t.get("ci"):
-        text += f" [{_ci(t['ci'], 2)}]"
+        text += f" [{ci_words(t['ci'], 2)}]"
     if t.get("p") is not None:
         text += f", permutation p {_p(t['p'])}"
     return text
@@ -444,15 +446,15 @@ def table_row(axis: str, v: dict | None, metric: str = "F1") -> list[str]:
     """One row of the verdict table (`VERDICT_HEAD`) for one axis."""
     if v is None:
         return [axis, "–", "–", "–", "–", "–", "too few"]
-    eff = "–" if v.get("effect") is None else _num(v["effect"], 2) + (
-        f" [{_num(v['ci'][0], 2)}, {_num(v['ci'][1], 2)}]" if v.get("ci") else "")
+    eff = "–" if v.get("effect") is None else minus_signed(v["effect"], 2) + (
+        f" [{minus_signed(v['ci'][0], 2)}, {minus_signed(v['ci'][1], 2)}]" if v.get("ci") else "")
     t = v.get("trend")
     tr = "–"
     if t:
         per = "" if t["per"] == 1 else f"{t['per']:g} "
-        tr = f"{_num(t['slope'], 2)} per {per}{t.get('unit', '')}{'s' if t['per'] != 1 else ''}"
+        tr = f"{minus_signed(t['slope'], 2)} per {per}{t.get('unit', '')}{'s' if t['per'] != 1 else ''}"
         if t.get("ci"):
-            tr += f" [{_num(t['ci'][0], 2)}, {_num(t['ci'][1], 2)}]"
+            tr += f" [{minus_signed(t['ci'][0], 2)}, {minus_signed(t['ci'][1], 2)}]"
         if t.get("p") is not None:
             tr += f", p {_p(t['p'])}"
     ps = "–" if v.get("psi") is None else f"{v['psi']:.3f}" + (

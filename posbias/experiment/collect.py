@@ -22,7 +22,7 @@ def score_run(exp: Experiment, run: Run) -> None:
     task = get_task(run.config.task)
     out = run.output_dir
     d = run.config.data
-    overrides = [f"train.device={run.config.train.device}", *_dstar_of(run),  # where, (imported) which D*,
+    overrides = [f"train.device={run.config.train.device}", *_trained_as(run),  # where, (imported) which D*,
                  *(f"model.head_options.{k}={json.dumps(v)}" for k, v in run.decode.items())]  # and how it decodes
     quantiles = getattr(d, "length_quantiles", None) if run.checkpoint is not None else None
     if run.checkpoint is not None and d.eval_file and not (out / "eval" / "metrics.json").is_file():
@@ -45,15 +45,22 @@ def score_run(exp: Experiment, run: Run) -> None:
             task.position_eval_checkpoint(run.model_dir, exp.eval_sets[name], target, opts, overrides=overrides)
 
 
-def _dstar_of(run: Run) -> list[str]:
-    """A model trained elsewhere knows nothing of the experiment's D* (tagging: `data.length_pool` and
-    the files whose pooled lengths bound it); these overrides give it the runs' own, so that its
-    F1(alpha) and validation score are over the same sentences as the trained methods'."""
+def _trained_as(run: Run) -> list[str]:
+    """A model trained elsewhere knows nothing of the experiment's data config. Tagging: its D*
+    (`data.length_pool` and the files whose pooled lengths bound it), so that its F1(alpha) and
+    validation score are over the same sentences as the trained methods'; and how its sub-tokens
+    were labelled (`data.label_subtokens`: `copy`, the authors' `label_all_tokens`, makes the authors'
+    sub-token F1 read each sub-token's own prediction), as the spec (or the method's `data:`) states."""
     d = run.config.data
-    if run.checkpoint is None or getattr(d, "length_pool", None) is None:
+    if run.checkpoint is None:
         return []
-    files = d.length_pool_files if d.length_pool_files is not None else [f for f in (d.train_file, d.eval_file) if f]
-    return [f"data.length_pool={d.length_pool}", f"data.length_pool_files={json.dumps(files)}"]
+    out = []
+    if getattr(d, "length_pool", None) is not None:
+        files = d.length_pool_files if d.length_pool_files is not None else [f for f in (d.train_file, d.eval_file) if f]
+        out += [f"data.length_pool={d.length_pool}", f"data.length_pool_files={json.dumps(files)}"]
+    if getattr(d, "label_subtokens", None) is not None:
+        out.append(f"data.label_subtokens={d.label_subtokens}")
+    return out
 
 
 def collect_results(exp: Experiment, run: Run) -> dict:

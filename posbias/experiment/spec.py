@@ -23,11 +23,13 @@ A method may score models trained elsewhere instead of training (a Hugging Face 
 model from the Hub, another experiment's runs): `checkpoint:` names its model per run, with `{seed}`,
 `{dataset}` and `{output_dir}` (this experiment's folder) filled in, e.g.
 
-      hf_cp: {checkpoint: "bench/out/hf_trainer_conll/cp_seed{seed}/model"}
+      hf_cp: {checkpoint: "bench/out/hf_trainer_conll/cp_seed{seed}"}
 
 Such a run is scored on the validation set (the base's `data.eval_file`), every eval set and
 position evaluation like a trained run's best checkpoint, and compared with the other methods seed by
-seed; the rest of its overrides apply to how it is evaluated only. With `decode:` it is scored with
+seed; the rest of its overrides apply to how it is evaluated only (tagging: the D* of the
+experiment's runs, and `data.label_subtokens`, how the model's sub-tokens were labelled, which the
+authors' sub-token F1 reads; `collect._trained_as`). With `decode:` it is scored with
 head options no weight depends on changed (those its head declares decode-time, e.g. MaP's
 `ensemble`), so one experiment's MaP_E checkpoints are also scored as their forward direction alone:
 

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from ..batching import eval_batches, move
 from ..config import RunConfig, build_config
 from ..errors import ConfigError, DataError
-from ..evaluation import evaluate_file, load_for_eval, write_run_meta
+from ..evaluation import evaluate_file, opened_for_eval, write_run_meta
 from ..outputs import staged_output
 from ..records import unicode_problem
 from ..utils import atomic_write_json, interactive
@@ -217,8 +217,7 @@ def predict_checkpoint(model, question: str | None = None, context: str | None =
         raise ConfigError("predict needs either question and context, or data")
     if n_best is not None and n_best < 1:
         raise ConfigError(f"--n-best must be >= 1, got {n_best} (it sets decode.n_best)")
-    with staged_output(output_dir) as out:
-        net, tokenizer, cfg = load_for_eval(model, overrides, "qa")
+    with staged_output(output_dir) as out, opened_for_eval(model, overrides, "qa") as (net, tokenizer, cfg):
         if n_best is not None:
             cfg = build_config(cfg.to_dict(), {"decode": {"n_best": n_best}})
         t0 = time.time()

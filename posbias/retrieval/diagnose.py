@@ -264,7 +264,7 @@ def _diagnose(embedder: Embedder, ds, examples, out: Path, final: Path, methods,
         d = res["paired"]["methods"]["dense"]["differences"].get("start − end")
         if d and d["effect"] is not None:
             res["verdict_lines"].insert(-1, f"  paired (the same {d['n']:,} questions, their paragraph moved): start − end "
-                                            f"NDCG@10 {V._num(d['effect'])} [{V._ci(d['ci'])}]")
+                                            f"NDCG@10 {V.minus_signed(d['effect'])} [{V.ci_words(d['ci'])}]")
     _report(res, out, plots)
     atomic_write_json(out / "ranks.json", {"query_ids": rset.query_ids, **{m: r.tolist() for m, r in ranks.items()}})
     atomic_write_json(out / "diagnosis.json", res)
@@ -342,8 +342,8 @@ def _report(res: dict, out: Path, plots: list[Path]) -> None:
         if pm:
             rows = []
             for x, v in pm.items():
-                diffs = [f"{V._num(d['effect'], 2)} [{V._num(d['ci'][0], 2)}, {V._num(d['ci'][1], 2)}]" if d["ci"]
-                         else (V._num(d["effect"], 2) if d["effect"] is not None else "–") for d in v["differences"].values()]
+                diffs = [f"{V.minus_signed(d['effect'], 2)} [{V.minus_signed(d['ci'][0], 2)}, {V.minus_signed(d['ci'][1], 2)}]" if d["ci"]
+                         else (V.minus_signed(d["effect"], 2) if d["effect"] is not None else "–") for d in v["differences"].values()]
                 rows.append([METHOD_NAMES[x]] + [fmt(p["NDCG@10"]) for p in v["positions"].values()] + diffs
                             + [f"{v['psi']:.3f}" if v["psi"] is not None else "–"])
             doc.table(["method"] + [f"NDCG@10 {p}" for p in POSITIONS] + list(next(iter(pm.values()))["differences"])

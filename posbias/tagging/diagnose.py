@@ -15,7 +15,7 @@ import numpy as np
 from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, alpha_axis, curve_intervals, evidence, note,
                                 psi, quality, quality_text, report_line, sentence, table_row, terminal_block)
 from ..errors import ConfigError
-from ..evaluation import load_for_eval, write_run_meta
+from ..evaluation import opened_for_eval, write_run_meta
 from ..outputs import staged_output
 from ..render import Document, md_escape, plot_text, pyplot, short_name
 from ..utils import atomic_write_json
@@ -376,8 +376,7 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles="model", mod
             raise ConfigError(f"quantiles must be a (low, high) pair, None (every sentence) or 'model', got {quantiles!r}")
         quantiles = model_quantiles(model)
     # Everything goes through a temporary folder, renamed when complete (`staged_output`).
-    with staged_output(output_dir) as out:
-        net, tokenizer, cfg = load_for_eval(model, overrides, "tagging")
+    with staged_output(output_dir) as out, opened_for_eval(model, overrides, "tagging") as (net, tokenizer, cfg):
         ds = read_for(data, cfg)
         if cfg.data.max_eval_examples:
             ds.examples = ds.examples[: cfg.data.max_eval_examples]

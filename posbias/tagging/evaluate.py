@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from ..batching import eval_batches, move
 from ..errors import ConfigError
-from ..evaluation import evaluate_file, load_for_eval, write_run_meta
+from ..evaluation import evaluate_file, opened_for_eval, write_run_meta
 from ..outputs import staged_output
 from ..utils import atomic_write_json, atomic_write_text, interactive
 from . import columns, metrics
@@ -288,8 +288,7 @@ def predict_checkpoint(model, text: str | None = None, data=None, output_dir=Non
     """
     if (text is None) == (data is None):
         raise ConfigError("predict tagging needs either text or data")
-    with staged_output(output_dir) as out:
-        net, tokenizer, cfg = load_for_eval(model, overrides, "tagging")
+    with staged_output(output_dir) as out, opened_for_eval(model, overrides, "tagging") as (net, tokenizer, cfg):
         if generic_label_names(net.labels):  # the predictions still come out, under names that say nothing
             import warnings
 

@@ -9,6 +9,8 @@ import torch
 
 import posbias
 import posbias.devices
+import posbias.evaluation
+import posbias.qa.evaluate
 from posbias.cli import main
 from posbias.config import build_config
 from posbias.devices import resolve_device
@@ -74,6 +76,54 @@ def test_device_reaches_every_command(trained, tmp_path, monkeypatch):
     info = json.loads((tmp_path / "t" / "run" / "run_info.json").read_text(encoding="utf-8"))
     assert info["hardware"]["device"] == "cpu" and info["mixed_precision"] == "no"
 
+
+
+def test_evaluation_sets_the_current_device_to_the_models(trained, tmp_path, monkeypatch):
+    """evaluate / predict / diagnose run inside `devices.current(<the model's device>)`, as training
+    does: on cuda:N, whatever says only `cuda` then lands on GPU N (recorded here on the CPU, where
+    the block does nothing: every command's outputs are written inside it)."""
+    entered, inside = [], []
+    real_current, real_meta = posbias.devices.current, posbias.evaluation.write_run_meta
+
+    @contextlib.contextmanager
+    def current(device):
+        entered.append(str(device))
+        with real_current(device):
+            inside.append(True)
+            yield
+            inside.pop()
+
+    def meta(*args, **kwargs):
+        assert inside, "outputs written outside the device block"
+        return real_meta(*args, **kwargs)
+
+    monkeypatch.setattr(posbias.devices, "current", current)
+    for module in (posbias.evaluation, posbias.qa.evaluate):
+        monkeypatch.setattr(module, "write_run_meta", meta)
+    common = ["--model", str(trained), "--data", DEMO_DEV, "--device", "cpu", "data.max_eval_examples=4"]
+    for command in ("evaluate", "predict"):
+        assert main([command, "qa", *common, "--output-dir", str(tmp_path / command)]) == 0
+    assert entered == ["cpu", "cpu"]
+
+
+@pytest.mark.gpu
+def test_evaluation_runs_with_the_current_device_it_names(trained, tmp_path, monkeypatch):
+    """On a machine with GPUs: `evaluate --device cuda:N` (the last one) evaluates with N as torch's
+    current device, and leaves the current device as it was."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: torch sees none")
+    n = torch.cuda.device_count() - 1
+    before, seen = torch.cuda.current_device(), []
+    real_meta = posbias.evaluation.write_run_meta
+
+    def meta(*args, **kwargs):
+        seen.append(torch.cuda.current_device())
+        return real_meta(*args, **kwargs)
+
+    monkeypatch.setattr(posbias.evaluation, "write_run_meta", meta)
+    assert main(["evaluate", "qa", "--model", str(trained), "--data", DEMO_DEV, "--device", f"cuda:{n}",
+                 "data.max_eval_examples=4", "--output-dir", str(tmp_path / "ev")]) == 0
+    assert seen == [n] and torch.cuda.current_device() == before
 
 
 # ---- training's device: cuda:N, a fresh accelerate state per run, launchers

@@ -687,6 +687,31 @@ def test_a_method_scores_models_trained_elsewhere(tmp_path):
         posbias.experiment_run(spec, progress=False)
 
 
+
+def test_a_checkpoint_method_is_scored_as_the_spec_says_it_trained(tmp_path):
+    """A model trained elsewhere with every sub-token labelled (the authors' `label_all_tokens`, an HF
+    script's `--label-all-tokens`): the spec's `data.label_subtokens: copy` reaches its scoring, so the
+    authors' sub-token F1 reads each sub-token's own prediction, as for the trained runs (the export
+    of the baseline's weights: Δ 0); a method's own `data:` says otherwise for its model."""
+    spec = yaml.safe_load((PRESETS / "experiments" / "smoke_position_bias.yaml").read_text(encoding="utf-8"))
+    spec["overrides"]["data"]["label_subtokens"] = "copy"
+    spec.update(output_dir=str(tmp_path / "exp"), seeds=[1], methods={"baseline": {}})
+    posbias.experiment_run(spec, progress=False)
+    posbias.export(tmp_path / "exp" / "runs" / "baseline" / "seed1" / "best", tmp_path / "hf1")
+    spec["methods"].update(hf={"checkpoint": str(tmp_path / "hf{seed}")},
+                           hf_first={"checkpoint": str(tmp_path / "hf{seed}"), "data": {"label_subtokens": "first"}})
+    posbias.experiment_run(spec, progress=False)
+
+    def reads(method):
+        d = json.loads((tmp_path / "exp" / "runs" / method / "seed1" / "position_eval" / "test" / "diagnosis.json")
+                       .read_text(encoding="utf-8"))
+        return d["subtoken_predictions"]
+
+    assert [reads(m) for m in ("baseline", "hf", "hf_first")] == ["own", "own", "word"]
+    rows = aggregate(load_results(tmp_path / "exp"), bootstrap_samples=0)
+    hf = [r for r in rows if r["method"] == "hf" and r["metric"] == "sub-token F1(4)"]
+    assert hf and all(r["ttest"]["diff"] == pytest.approx(0.0, abs=1e-9) for r in hf)
+
 def test_a_checkpoint_method_decodes_another_way(tmp_path):
     """`decode:` beside `checkpoint:`: the MaP_E runs' own checkpoints scored as their forward
     direction alone (`ensemble: false`) score exactly as the same training decoded that way from the

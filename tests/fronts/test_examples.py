@@ -77,6 +77,35 @@ def test_hf_ner_example(tiny_encoder, tmp_path, monkeypatch, method):
             assert b == 8 and "position_ids" not in batch
 
 
+
+@pytest.mark.parametrize("authors", [False, True])
+def test_hf_ner_example_authors_labels(tiny_encoder, tmp_path, monkeypatch, authors):
+    """--bioes --label-all-tokens (the token-classification authors' settings): the model learns IOBES
+    labels on every sub-token of a word; without them, IOB2 labels on first sub-tokens only. --k-max 0
+    skips F1(alpha)."""
+    seen = _record_forward(monkeypatch, BertForTokenClassification)
+    out = tmp_path / "ner"
+    flags = ["--bioes", "--label-all-tokens"] if authors else []
+    metrics = _run(_example("hf_ner_trainer").main,
+                   ["--model", tiny_encoder, "--train", "demo:wnut-train", "--dev", "demo:wnut-dev", "--out", str(out),
+                    "--method", "none", "--max-steps", "2", "--batch-size", "8", "--k-max", "0", "--max-length", "64"]
+                   + flags)
+    assert not any("alpha" in k for k in metrics) and "dev_f1" in metrics
+    labels = json.loads((out / "config.json").read_text())["id2label"].values()
+    assert any(t.startswith(("S-", "E-")) for t in labels) == authors
+    tok = AutoTokenizer.from_pretrained(tiny_encoder)
+    inner = 0  # sub-tokens after a word's first
+    for batch in seen:
+        for ids, lab in zip(batch["input_ids"].tolist(), batch["labels"].tolist()):
+            pieces = tok.convert_ids_to_tokens(ids)
+            for piece, y in zip(pieces, lab):
+                if piece.startswith("##"):
+                    inner += 1
+                    assert (y != -100) == authors, (piece, y)
+                elif piece in (tok.cls_token, tok.sep_token, tok.pad_token):
+                    assert y == -100
+    assert inner > 0
+
 def test_hf_qa_example(tiny_encoder, tmp_path, monkeypatch):
     seen = _record_forward(monkeypatch, BertForQuestionAnswering)
     out = tmp_path / "qa"
