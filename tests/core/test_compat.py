@@ -201,7 +201,7 @@ SKIPPED = {
     "map_squad": (0, 12), "map_squad_bidaf": (0, 4), "map_squad_bidaf_4ep": (0, 9),
     "precision_parity_conll": (6, 6), "precision_parity_demo": (6, 6), "rp_squad_d50_bertpre": (6, 6),
     "tpb_conll_authors": (9, 9), "tpb_ewt_authors": (9, 9), "first_sentence_alpha": (6, 6),
-    "rp_full": (2, 2), "tpb_conll_full": (2, 2),
+    "rp_full": (2, 2), "tpb_conll_full": (2, 2), "rp_squad_d50": (9, 9), "rp_squad_d50_3ep": (6, 6),
 }
 
 
