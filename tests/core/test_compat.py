@@ -174,6 +174,7 @@ FROZEN_GRIDS = {
     'archived/first_sentence_stress': '8c4f466fde94c338',
     'archived/first_sentence_stress_gate': '8c4f466fde94c338',
     'archived/map_k_sweep': '1151ed7ec651a52c',
+    'archived/map_e_forward': 'ca84b74ff47559d6',
     'archived/map_squad': 'f41a54c3ea759207',
     'archived/map_squad_bidaf': '07e80556498c1a08',
     'archived/map_squad_bidaf_4ep': '8efade3ddd4f0a31',
@@ -202,6 +203,7 @@ SKIPPED = {
     "precision_parity_conll": (6, 6), "precision_parity_demo": (6, 6), "rp_squad_d50_bertpre": (6, 6),
     "tpb_conll_authors": (9, 9), "tpb_ewt_authors": (9, 9), "first_sentence_alpha": (6, 6),
     "rp_full": (2, 2), "tpb_conll_full": (2, 2), "rp_squad_d50": (9, 9), "rp_squad_d50_3ep": (6, 6),
+    "map_e_forward": (3, 6),  # its map_e_forward runs name their checkpoint by path ({output_dir}), part of their hash
 }
 
 
