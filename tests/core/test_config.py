@@ -111,9 +111,11 @@ def test_archived_experiment_runs_keep_their_config_hashes():
         spec = yaml.safe_load((db.parent / "experiment.yaml").read_text(encoding="utf-8"))
         # a `checkpoint:` method's runs are recorded under a hash that also names their model's path
         # (`experiment.spec.Run.hash`): test_compat's SKIPPED states what they resume as
-        scored = {m for m, over in (spec.get("methods") or {}).items() if isinstance(over, dict) and "checkpoint" in over}
+        methods = spec.get("methods") or {}
+        scored = {m for m, over in methods.items() if isinstance(over, dict) and "checkpoint" in over}
         with closing(sqlite3.connect(str(db))) as con:
-            for name, method, recorded, config_json in con.execute("SELECT name, method, config_hash, config_json FROM runs"):
+            rows = con.execute("SELECT name, method, config_hash, config_json FROM runs")
+            for name, method, recorded, config_json in rows:
                 if method in scored:
                     continue
                 assert build_config(json.loads(config_json), saved=True).hash() == recorded, f"{db.parent.name}/{name}"
