@@ -168,15 +168,28 @@ def run_stats(scores: dict[str, float], labels: dict[str, str]) -> dict:
 
 
 # ------------------------------------------------------------------------------------ the store
+def spec_eval_set(results: dict) -> tuple[str, str] | None:
+    """(name, path) of the spec's one `eval_sets` entry, for a spec without `data.eval_file` whose runs
+    are scored on that set alone (bench/gpu/ko_full.yaml); None otherwise."""
+    sets = results["spec"].get("eval_sets")
+    if isinstance(sets, dict) and len(sets) == 1:
+        name, path = next(iter(sets.items()))
+        return str(name), str(path)
+    return None
+
+
 def dev_path(store: Path, results: dict, dev: str | None) -> str:
-    """--dev, else the spec's `overrides.data.eval_file`, else a finished run's `data.eval_file`;
-    relative paths from the repository root (where `posbias experiment run` was started)."""
+    """--dev, else the spec's `overrides.data.eval_file`, else a finished run's `data.eval_file`, else the
+    spec's one `eval_sets` entry; relative paths from the repository root (where `posbias experiment run`
+    was started)."""
     if dev is None:
         overrides = results["spec"].get("overrides")
         dev = ((overrides or {}).get("data") or {}).get("eval_file") if isinstance(overrides, dict) else None
     if dev is None:
         dev = next((json.loads(r["config_json"])["data"].get("eval_file") for r in results["runs"]
                     if r["status"] == "finished" and r.get("config_json")), None)
+    if dev is None and spec_eval_set(results):
+        dev = spec_eval_set(results)[1]
     if dev is None:
         raise ConfigError(f"{store}: no data.eval_file in experiment.yaml or the runs' configs; pass --dev")
     p = Path(dev)
@@ -217,11 +230,20 @@ def arm_order(arms) -> list[str]:
 
 # ------------------------------------------------------------------------------------ the report
 def build_report(store, dev: str | None = None, *, samples: int = 2000, seed: int = 0,
-                 eval_set: str = EVAL_SET) -> dict:
+                 eval_set: str | None = None) -> dict:
     """Every number of the tables: {"meta", "rows", "notes"}, rows in table order (NaN where a number is
-    undefined, e.g. the std of one seed; `--json` writes those as null)."""
+    undefined, e.g. the std of one seed; `--json` writes those as null). `eval_set`: the question scores
+    to read; by default `val` (the runs' `data.eval_file`), or the spec's one `eval_sets` entry where
+    its runs have no eval_file."""
     store = Path(store)
     results = load_results(store)
+    if eval_set is None:
+        no_eval_file = not any(json.loads(r["config_json"])["data"].get("eval_file") for r in results["runs"]
+                               if r["status"] == "finished" and r.get("config_json"))
+        only = spec_eval_set(results)
+        eval_set = only[0] if only and no_eval_file and dev is None else EVAL_SET
+        if only and eval_set == only[0]:
+            dev = only[1]
     dev = dev_path(store, results, dev)
     labels = read_labels(dev)
     scores: dict[str, dict[str, float]] = {}  # run -> qid -> F1 (0..1)
@@ -490,7 +512,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dev", help="the dev file the runs were evaluated on (default: the spec's data.eval_file)")
     ap.add_argument("--samples", type=int, default=2000, help="bootstrap resamples of the questions")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap RNG seed")
-    ap.add_argument("--eval-set", default=EVAL_SET, help="question_scores.eval_set to read (default: val)")
+    ap.add_argument("--eval-set", help="question_scores.eval_set to read (default: val, the runs' data.eval_file; "
+                                       "for a spec without one, its one eval_sets entry)")
     ap.add_argument("--out", help="also write the markdown here")
     ap.add_argument("--json", help="write the numbers here")
     args = ap.parse_args(argv)

@@ -7,9 +7,10 @@ order given, at most `--lanes` at once, and watches their train_log.jsonl. Runs 
 of use for a comparison when all its methods finish. Once the runs' speed is known (`--observe`
 seconds of logged steps), while a run is projected past the deadline the lowest-priority group
 running is stopped (that also frees the GPU for the others); a queued group starts only while the
-time left exceeds what one run took. At the deadline everything still running is stopped. Then the finished runs' records are archived with `posbias experiment
-copy` (the store, no checkpoints) into `--archive`, with each run's small files (run_info.json,
-config, logs, position updates, eval metrics) beside them.
+time left exceeds what one run took (one of the same data set, `n128` of `n128/mean/seed1`, once one
+finished). At the deadline everything still running is stopped. Then the finished runs' records are
+archived with `posbias experiment copy` (the store, no checkpoints) into `--archive`, with each run's
+small files (run_info.json, config, logs, position updates, eval metrics) beside them.
 
     python bench/gpu/lanes.py bench/gpu/rp_full.yaml --deadline 420 --lanes 6 --archive /tmp/a \
         --runs baseline/seed1,random_padding/seed1 baseline/seed2,random_padding/seed2
@@ -50,6 +51,18 @@ def last_step(run_dir: Path) -> tuple[int, int | None]:
         except ValueError:
             pass
     return step, total
+
+
+def family(run: str) -> str:
+    """The data set of a run name ("n128" of "n128/mean/seed1"; "" for "baseline/seed1"): its runs take alike."""
+    parts = run.split("/")
+    return parts[0] if len(parts) == 3 else ""
+
+
+def expected_seconds(took: dict[str, float], run: str) -> float | None:
+    """How long `run` should take: what a finished run of its family took (`took`, by family), else the
+    shortest any finished run took; None while none finished."""
+    return took.get(family(run), min(took.values(), default=None))
 
 
 class Lane:
@@ -150,7 +163,10 @@ def main(argv=None) -> int:
         g = queue[0][0]
         while queue and queue[0][0] == g:
             start(*queue.pop(0))
-    solo_seconds = None  # how long a finished run took, start to end
+    took: dict[str, float] = {}  # how long a finished run took, start to end, by family (family())
+
+    def run_seconds(run: str) -> float | None:
+        return expected_seconds(took, run)
     while lanes:
         time.sleep(args.poll)
         now = time.time()
@@ -161,7 +177,8 @@ def main(argv=None) -> int:
                 done.append(lane)
                 note(f"{lane.run}: {lane.outcome} after {lane.end - lane.started:.0f}s")
                 if lane.outcome == "finished":
-                    solo_seconds = min(solo_seconds or 1e9, lane.end - lane.started)
+                    f = family(lane.run)
+                    took[f] = min(took.get(f, 1e9), lane.end - lane.started)
         if now >= deadline:
             for lane in lanes:
                 lane.stop("stopped at the deadline")
@@ -180,8 +197,8 @@ def main(argv=None) -> int:
                      f"({', '.join(f'{lane.run} ends +{end - t_start:.0f}s' for lane, end in ends if end)})")
                 lanes.remove(victim)
                 done.append(victim)
-        # Start a queued group only when one run's measured time still fits.
-        while queue and group_fits() and solo_seconds and now + solo_seconds * 1.1 < deadline:
+        # Start a queued group only when one run's measured time (of its data set, where one finished) still fits.
+        while queue and group_fits() and run_seconds(queue[0][1]) and now + run_seconds(queue[0][1]) * 1.1 < deadline:
             g = queue[0][0]
             while queue and queue[0][0] == g:
                 start(*queue.pop(0))

@@ -11,7 +11,8 @@
 #   bench/out/gpu_data/  the queue items' data sets, gzipped (built from ../shared/data): rp_full/ for
 #                        bench/gpu/rp_full.yaml, probe/ for bench/gpu/lane_probe.py, shared/conll2003/
 #                        for bench/gpu/tpb_conll_full.yaml (ITEMS="tpb_conll": 2.2 MB), map_full/ for
-#                        bench/gpu/map_full.yaml (ITEMS="map_full")
+#                        bench/gpu/map_full.yaml (ITEMS="map_full"), dyref_full/ for bench/gpu/dyref_full.yaml
+#                        (ITEMS="dyref_full"), ko_full/ for bench/gpu/ko_full.yaml (ITEMS="ko_full")
 #
 # The pieces are split by size (PIECE_MB, default 44 MiB) so that part1 (wheels, data, first piece) and
 # part2 each fit one call; bench/gpu/remote.sh joins them on the GPU machine and checks the sha256.
@@ -78,6 +79,35 @@ for item in $ITEMS; do
       squad_item rp_full train_d50 --truncate 50 --name train --seed 13 --keep-unanswerable ;;
     map_full)  # bench/gpu/map_full.yaml: every unambiguous rebuilt train question, whole; the dev halves of rp_full
       squad_item map_full train_full --name train --exclude-ambiguous ;;
+    dyref_full)  # bench/gpu/dyref_full.yaml: the train set of map_full (every unambiguous question, whole), MRQA's SQuAD dev
+      out=bench/out/gpu_data/dyref_full build=bench/out/gpu_data/build
+      if [ ! -s "$out/train.json.gz" ] || [ ! -s "$out/dev.json.gz" ]; then
+        T=$SHARED/squad_v1.1_train_reconstructed
+        [ -s "$build/train_full/train.json" ] || "$PY" -m posbias data build \
+            --input "$T"/train-v1.1-reconstructed.part{1,2,3}of3.json.gz --out "$build/train_full" --name train --exclude-ambiguous
+        "$PY" -m posbias data build --input "$SHARED"/mrqa_dev/SQuAD.jsonl.gz --out "$build/mrqa_dev" --name dev
+        mkdir -p "$out"
+        gzip -9 -c "$build/train_full/train.json" > "$out/train.json.gz"
+        gzip -9 -c "$build/mrqa_dev/dev.json" > "$out/dev.json.gz"
+        cp "$build/train_full/stats.md" "$out/train_stats.md"; cp "$build/mrqa_dev/stats.md" "$out/dev_stats.md"
+      fi ;;
+    ko_full)  # bench/gpu/ko_full.yaml: every first-sentence question, a random control of its size, the official dev set
+      out=bench/out/gpu_data/ko_full build=bench/out/gpu_data/build
+      if [ ! -s "$out/train_first.json.gz" ] || [ ! -s "$out/train_random.json.gz" ] || [ ! -s "$out/dev.json.gz" ]; then
+        T=$SHARED/squad_v1.1_train_reconstructed
+        "$PY" -m posbias data build --input "$T"/train-v1.1-reconstructed.part{1,2,3}of3.json.gz --out "$build/ko_first" \
+            --answer-sentence 1 --name train --seed 13
+        n=$("$PY" -c 'import json, sys; print(sum(len(p["qas"]) for a in json.load(open(sys.argv[1]))["data"] for p in a["paragraphs"]))' \
+            "$build/ko_first/train.json")
+        "$PY" -m posbias data build --input "$T"/train-v1.1-reconstructed.part{1,2,3}of3.json.gz --out "$build/ko_random" \
+            --exclude-ambiguous --sample "$n" --name train --seed 13
+        "$PY" -m posbias data build --input "$SHARED"/squad_v1.1/dev-v1.1.json.gz --out "$build/squad_dev" --name dev
+        mkdir -p "$out"
+        gzip -9 -c "$build/ko_first/train.json" > "$out/train_first.json.gz"
+        gzip -9 -c "$build/ko_random/train.json" > "$out/train_random.json.gz"
+        gzip -9 -c "$build/squad_dev/dev.json" > "$out/dev.json.gz"
+        for f in ko_first ko_random squad_dev; do cp "$build/$f/stats.md" "$out/${f}_stats.md"; done
+      fi ;;
     probe)  # bench/gpu/lane_probe.py: 6,000 D_50 training questions (how many lanes a GPU takes)
       out=bench/out/gpu_data/probe
       if [ ! -s "$out/train_d50_6k.json.gz" ]; then
@@ -95,5 +125,14 @@ for item in $ITEMS; do
 done
 
 size() { du -sm "$@" | awk '{s += $1} END {print s}'; }
-echo "pack: $DEST/part1 $(size "$DEST/part1") MiB, $DEST/part2 $(size "$DEST/part2") MiB, bench/out/gpu_data $(size bench/out/gpu_data/rp_full 2>/dev/null || echo 0) MiB"
-echo "pack: call 1 carries [\"$DEST/part1\", \"bench/out/gpu_data/rp_full\"], call 2 carries [\"$DEST/part2\"] (bench/gpu/README.md)"
+data=()  # the data folders of the items packed: they travel with call 1
+for item in $ITEMS; do
+  case "$item" in
+    rp_full|map_full|dyref_full|ko_full) data+=("bench/out/gpu_data/$item") ;;
+    tpb_conll|hf_conll) data+=("bench/out/gpu_data/shared") ;;
+  esac
+done
+data=($(printf '%s\n' "${data[@]}" | sort -u))
+carry=$(printf ', "%s"' "$DEST/part1" "${data[@]}")
+echo "pack: $DEST/part1 $(size "$DEST/part1") MiB, $DEST/part2 $(size "$DEST/part2") MiB, data $( [ ${#data[@]} -gt 0 ] && size "${data[@]}" || echo 0) MiB"
+echo "pack: call 1 carries [${carry:2}], call 2 carries [\"$DEST/part2\"] (bench/gpu/README.md)"

@@ -7,6 +7,8 @@
 #   bash bench/gpu/remote.sh throughput [ARGS]  bench/gpu/throughput.py -> $OUT/throughput.json
 #   bash bench/gpu/remote.sh probe [SECONDS [ARGS]]  bench/gpu/lane_probe.py -> $OUT/lane_probe.json
 #   [SEEDS="3 4 5"] [METHODS="a b"] bash bench/gpu/remote.sh item NAME SECONDS [LANES]
+#                                               (dyref_full also SIZES="128 1024 16 full", FULL_SEEDS,
+#                                               FULL_METHODS; SPEC: a stand-in spec for NAME's runs)
 #                                               queue item NAME (bench/gpu/NAME.yaml) as concurrent lanes
 #                                               (bench/gpu/lanes.py) until SECONDS; -> $OUT/NAME.tar.gz
 #                                               (NAME smoke: the bundled tiny grid, to try the path;
@@ -109,7 +111,7 @@ probe() {  # bench/gpu/lane_probe.py: steps/s with 1, 4, 8 concurrent runs (Rand
 
 item() {
   local name=$1 seconds=$2 lanes=${3:-3}
-  local spec=bench/gpu/$name.yaml groups=()
+  local spec=${SPEC:-bench/gpu/$name.yaml} groups=()  # SPEC: another spec with the item's run names (to try the path)
   case "$name" in
     rp_full) for s in ${SEEDS:-1 2 3 4 5}; do  # METHODS="baseline random_padding": a pair, when 3 lanes do not fit
                g=""; for m in ${METHODS:-baseline random_padding random_padding_k64}; do g+="${g:+,}$m/seed$s"; done
@@ -118,6 +120,20 @@ item() {
     map_full) for s in ${SEEDS:-1 2 3 4 5}; do  # Table 1's claim first (MaP_E vs InD), then VCP and MaP_F
                 g=""; for m in ${METHODS:-ind map_e vcp map_f}; do g+="${g:+,}$m/seed$s"; done
                 groups+=("$g"); done ;;
+    dyref_full) for n in ${SIZES:-128 1024 16 full}; do  # few-shot: a group per size and seed, n128 first;
+                  if [ "$n" = full ]; then                 # full data: a run per group (about 13,200 steps each)
+                    for s in ${FULL_SEEDS:-1 2 3}; do
+                      for m in ${FULL_METHODS:-mean mask_independent vanilla mask_bidirectional mask_causal}; do
+                        groups+=("full/$m/seed$s"); done; done
+                  else
+                    for s in ${SEEDS:-1 2 3 4 5}; do
+                      g=""; for m in ${METHODS:-vanilla mean max}; do g+="${g:+,}n$n/$m/seed$s"; done
+                      groups+=("$g"); done
+                  fi; done ;;
+    ko_full) for s in ${SEEDS:-1 2 3 4 5}; do  # the stress test (first vs random) and the two ensembles, a seed at once
+               g=""; for m in ${METHODS:-first/baseline random/baseline first/bias_product_sentence first/learned_mixin_h_sentence}; do
+                 g+="${g:+,}$m/seed$s"; done
+               groups+=("$g"); done ;;
     hf_conll) spec=bench/tpb_conll_hf.yaml  # the Trainer script's runs first, then their scoring as lanes
               hf_train "$seconds" "$lanes" || return 1
               seconds=$((seconds - hf_used))

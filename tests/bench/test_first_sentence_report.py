@@ -66,15 +66,20 @@ ARMS = {  # arm -> seed -> (scores, train_seconds, loss curve)
 SPEC_METHODS = ["baseline", "rpp", "halfway", "dyref"]  # dyref: no run at all
 
 
-def _store(tmp_path: Path, arms=ARMS, dev_in_spec: bool = True) -> Path:
+def _store(tmp_path: Path, arms=ARMS, dev_in_spec: bool = True, eval_sets: bool = False) -> Path:
+    """`eval_sets`: the spec has no data.eval_file, its runs are scored on one `eval_sets: {dev: ...}`
+    (bench/gpu/ko_full.yaml's layout)."""
     store = tmp_path / "store"
-    store.mkdir()
+    store.mkdir(parents=True)
     dev = _dev(tmp_path / "dev.json")
     spec = {"name": "first_sentence_stress", "base": "demo", "datasets": {"first": {}, "random": {}},
             "methods": {m: {} for m in SPEC_METHODS}, "seeds": [1, 2, 3], "baseline": "baseline",
             "exclude": [f"random/{m}/*" for m in SPEC_METHODS[1:]]}
-    if dev_in_spec:
+    if dev_in_spec and not eval_sets:
         spec["overrides"] = {"data": {"eval_file": str(dev)}}
+    if eval_sets:
+        spec["eval_sets"] = {"dev": str(dev)}
+    set_name = "dev" if eval_sets else "val"
     (store / "experiment.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     with closing(connect(store / "experiment.sqlite")) as conn, conn:  # the store's own schema
         for arm, seeds in arms.items():
@@ -84,9 +89,9 @@ def _store(tmp_path: Path, arms=ARMS, dev_in_spec: bool = True) -> Path:
                 conn.execute("INSERT INTO runs (name, method, seed, dataset, status, wall_seconds, train_seconds, "
                              "metrics_json) VALUES (?, ?, ?, ?, 'finished', ?, ?, ?)",
                              (name, method, seed, dataset, train_s + 10, train_s,
-                              json.dumps({"val": {"f1": 100 * np.mean(list(scores.values()))}})))
-                conn.executemany("INSERT INTO question_scores VALUES (?, 'val', ?, ?, ?)",
-                                 [(name, q, float(f1 == 1.0), f1) for q, f1 in scores.items()])
+                              json.dumps({set_name: {"f1": 100 * np.mean(list(scores.values()))}})))
+                conn.executemany("INSERT INTO question_scores VALUES (?, ?, ?, ?, ?)",
+                                 [(name, set_name, q, float(f1 == 1.0), f1) for q, f1 in scores.items()])
                 conn.executemany("INSERT INTO curves VALUES (?, 'loss', ?, ?)",
                                  [(name, step, v) for step, v in curve or []])
                 if arm == "first/halfway":  # positions: seed s trains ids 0..99 always, 256..(256 + 64 s) half the time
@@ -247,3 +252,16 @@ def test_gap_closed_over_seeds_by_hand(tmp_path):
     assert deltas and all(d["family"] == len(deltas) and d["p_holm"] >= d["p"] for d in deltas)
     text = fsr.render_markdown(report)
     assert "Holm" in text and "0.50 [" in text and "(3 seeds)" in text
+
+
+def test_a_spec_scored_on_its_one_eval_set_is_read_without_flags(tmp_path):
+    """A spec without data.eval_file whose runs are scored on one `eval_sets` entry (ko_full): the report
+    finds that set's file and scores by itself; the same numbers as the eval_file layout."""
+    by_eval_file = fsr.build_report(_store(tmp_path / "a"), samples=200, seed=0)
+    report = fsr.build_report(_store(tmp_path / "b", eval_sets=True), samples=200, seed=0)
+    assert report["meta"]["eval_set"] == "dev" and report["meta"]["dev"] == str(tmp_path / "b" / "dev.json")
+    assert report["meta"]["questions"] == by_eval_file["meta"]["questions"] == 12
+    _check_gap(report)
+    assert _rows(report)["first/halfway"]["f1"] == _rows(by_eval_file)["first/halfway"]["f1"]
+    asked = fsr.build_report(_store(tmp_path / "c", eval_sets=True), samples=20, eval_set="val")  # not there
+    assert any("no `val` question scores" in n for n in asked["notes"])

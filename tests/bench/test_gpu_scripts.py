@@ -83,8 +83,87 @@ def test_every_gpu_queue_spec_builds_its_grid(spec, tmp_path):
 
     exp = load_experiment(str(spec), output_dir=str(tmp_path / "exp"))
     seeds = {r.seed for r in exp.runs}
-    assert len(seeds) == 5 and len(exp.runs) == 5 * len(exp.methods)
+    assert len(seeds) == 5
+    if spec.stem == "dyref_full":  # few-shot: 3 sizes x 3 methods x 5 draws; full data: Table 3's 5 x 3 seeds
+        by_size = {}
+        for run in exp.runs:
+            by_size.setdefault(run.name.split("/")[0], set()).add(run.name.split("/", 1)[1])
+        assert {k: len(v) for k, v in by_size.items()} == {"n16": 15, "n128": 15, "n1024": 15, "full": 15}
+        assert {r.split("/")[0] for r in by_size["full"]} == {"vanilla", "mean", "mask_bidirectional", "mask_causal",
+                                                             "mask_independent"}
+        assert {r.split("/")[1] for r in by_size["full"]} == {"seed1", "seed2", "seed3"}
+    elif spec.stem == "ko_full":  # the stress test's two baselines and the two ensembles on `first`
+        assert sorted({r.name.rsplit("/", 1)[0] for r in exp.runs}) == [
+            "first/baseline", "first/bias_product_sentence", "first/learned_mixin_h_sentence", "random/baseline"]
+        assert len(exp.runs) == 20
+    else:
+        assert len(exp.runs) == 5 * len(exp.methods)
     for run in exp.runs:
         if run.method == "map_e_forward":
             assert run.checkpoint == str(tmp_path / "exp" / "runs" / "map_e" / f"seed{run.seed}" / "best")
             assert run.decode == {"ensemble": False}
+
+
+def _remote_groups(tmp_path, item, **env):
+    """The --runs groups `remote.sh item ITEM` hands lanes.py (PY: a stand-in that prints its arguments)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    stub = tmp_path / "py"
+    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n', encoding="utf-8")
+    stub.chmod(0o755)
+    stash = tmp_path / "stash"
+    stash.mkdir()
+    (stash / "minilm.done").touch()  # as after `setup` with both pieces of MiniLM
+    script = LANES.with_name("remote.sh")
+    r = subprocess.run(["bash", str(script), "item", item, "100", "3"], check=False, capture_output=True, text=True,
+                       timeout=60,
+                       env={**os.environ, "PY": str(stub), "STASH": str(stash), "OUT": str(tmp_path / "out"), **env})
+    assert r.returncode == 0, r.stdout + r.stderr
+    argv = (stash / f"{item}.log").read_text(encoding="utf-8").splitlines()
+    assert argv[:2] == ["bench/gpu/lanes.py", f"bench/gpu/{item}.yaml"], argv[:3]
+    return argv[argv.index("--runs") + 1:]
+
+
+def test_remote_item_orders_the_dyref_queue(tmp_path):
+    """Item 3: few-shot groups by size (n128 first), a seed's three methods together; then the full-data
+    runs one per group, seed by seed; SIZES, SEEDS, FULL_SEEDS and FULL_METHODS narrow it."""
+    groups = _remote_groups(tmp_path, "dyref_full")
+    assert groups[:2] == ["n128/vanilla/seed1,n128/mean/seed1,n128/max/seed1",
+                          "n128/vanilla/seed2,n128/mean/seed2,n128/max/seed2"]
+    assert [g.split("/")[0] for g in groups] == ["n128"] * 5 + ["n1024"] * 5 + ["n16"] * 5 + ["full"] * 15
+    assert groups[15:17] == ["full/mean/seed1", "full/mask_independent/seed1"]
+    groups = _remote_groups(tmp_path / "b", "dyref_full", SIZES="full 16", SEEDS="4", FULL_SEEDS="2",
+                            FULL_METHODS="vanilla mean")
+    assert groups == ["full/vanilla/seed2", "full/mean/seed2", "n16/vanilla/seed4,n16/mean/seed4,n16/max/seed4"]
+    from posbias.experiment import load_experiment
+
+    names = {r.name for r in load_experiment(str(LANES.with_name("dyref_full.yaml")), output_dir=str(tmp_path / "x")).runs}
+    every = _remote_groups(tmp_path / "c", "dyref_full")
+    assert {r for g in every for r in g.split(",")} == names  # the default queue is the whole grid, once
+
+
+def test_lanes_expect_a_run_to_take_what_one_of_its_data_set_took():
+    """A short few-shot run does not vouch for a full-data run: a queued run is timed by its own data set."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_lanes", LANES)
+    lanes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lanes)
+    assert lanes.family("n128/mean/seed1") == "n128" and lanes.family("baseline/seed1") == ""
+    assert lanes.expected_seconds({}, "n16/mean/seed1") is None
+    took = {"n16": 150.0, "full": 480.0}
+    assert lanes.expected_seconds(took, "full/mean/seed3") == 480.0
+    assert lanes.expected_seconds(took, "n16/max/seed2") == 150.0
+    assert lanes.expected_seconds(took, "n1024/max/seed2") == 150.0  # none of its own yet: the shortest
+    assert lanes.expected_seconds({"": 90.0}, "baseline/seed2") == 90.0
+
+
+def test_remote_item_runs_the_stress_test_a_seed_at_a_time(tmp_path):
+    """Item 6: one group per seed holding its four runs, and together the whole grid."""
+    from posbias.experiment import load_experiment
+
+    groups = _remote_groups(tmp_path, "ko_full")
+    assert groups[0] == ("first/baseline/seed1,random/baseline/seed1,first/bias_product_sentence/seed1,"
+                         "first/learned_mixin_h_sentence/seed1")
+    assert len(groups) == 5 and all(len(g.split(",")) == 4 for g in groups)
+    names = {r.name for r in load_experiment(str(LANES.with_name("ko_full.yaml")), output_dir=str(tmp_path / "x")).runs}
+    assert {r for g in groups for r in g.split(",")} == names
