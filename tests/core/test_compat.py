@@ -170,6 +170,7 @@ FROZEN_GRIDS = {
     'experiments/smoke_tagging': '4da5be53899f8a9b',
     'archived/dyref_fewshot': 'ac69622a658c8fad',
     'archived/dyref_fewshot_all_softmax': 'e0531e6e889bf5ca',
+    'archived/dyref_full_cpu': '77179b21144fbc73',
     'archived/dyref_n512_all_softmax_probe': '2bc199a20a6af7af',
     'archived/first_sentence_stress': '8c4f466fde94c338',
     'archived/first_sentence_stress_gate': '8c4f466fde94c338',
@@ -203,6 +204,7 @@ SKIPPED = {
     "precision_parity_conll": (6, 6), "precision_parity_demo": (6, 6), "rp_squad_d50_bertpre": (6, 6),
     "tpb_conll_authors": (9, 9), "tpb_ewt_authors": (9, 9), "first_sentence_alpha": (6, 6),
     "rp_full": (2, 2), "tpb_conll_full": (2, 2), "rp_squad_d50": (9, 9), "rp_squad_d50_3ep": (6, 6),
+    "dyref_full_cpu": (2, 2),
     "map_e_forward": (3, 6),  # its map_e_forward runs name their checkpoint by path ({output_dir}), part of their hash
 }
 
