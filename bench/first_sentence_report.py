@@ -178,6 +178,12 @@ def spec_eval_set(results: dict) -> tuple[str, str] | None:
     return None
 
 
+def run_eval_file(results: dict) -> str | None:
+    """The `data.eval_file` of the first finished run that has a config (None: none has one)."""
+    return next((json.loads(r["config_json"])["data"].get("eval_file") for r in results["runs"]
+                 if r["status"] == "finished" and r.get("config_json")), None)
+
+
 def dev_path(store: Path, results: dict, dev: str | None) -> str:
     """--dev, else the spec's `overrides.data.eval_file`, else a finished run's `data.eval_file`, else the
     spec's one `eval_sets` entry; relative paths from the repository root (where `posbias experiment run`
@@ -186,8 +192,7 @@ def dev_path(store: Path, results: dict, dev: str | None) -> str:
         overrides = results["spec"].get("overrides")
         dev = ((overrides or {}).get("data") or {}).get("eval_file") if isinstance(overrides, dict) else None
     if dev is None:
-        dev = next((json.loads(r["config_json"])["data"].get("eval_file") for r in results["runs"]
-                    if r["status"] == "finished" and r.get("config_json")), None)
+        dev = run_eval_file(results)
     if dev is None and spec_eval_set(results):
         dev = spec_eval_set(results)[1]
     if dev is None:
@@ -237,13 +242,9 @@ def build_report(store, dev: str | None = None, *, samples: int = 2000, seed: in
     its runs have no eval_file."""
     store = Path(store)
     results = load_results(store)
-    if eval_set is None:
-        no_eval_file = not any(json.loads(r["config_json"])["data"].get("eval_file") for r in results["runs"]
-                               if r["status"] == "finished" and r.get("config_json"))
+    if eval_set is None:  # dev_path then finds the same set's file
         only = spec_eval_set(results)
-        eval_set = only[0] if only and no_eval_file and dev is None else EVAL_SET
-        if only and eval_set == only[0]:
-            dev = only[1]
+        eval_set = only[0] if only and dev is None and run_eval_file(results) is None else EVAL_SET
     dev = dev_path(store, results, dev)
     labels = read_labels(dev)
     scores: dict[str, dict[str, float]] = {}  # run -> qid -> F1 (0..1)

@@ -164,9 +164,6 @@ def main(argv=None) -> int:
         while queue and queue[0][0] == g:
             start(*queue.pop(0))
     took: dict[str, float] = {}  # how long a finished run took, start to end, by family (family())
-
-    def run_seconds(run: str) -> float | None:
-        return expected_seconds(took, run)
     while lanes:
         time.sleep(args.poll)
         now = time.time()
@@ -198,7 +195,7 @@ def main(argv=None) -> int:
                 lanes.remove(victim)
                 done.append(victim)
         # Start a queued group only when one run's measured time (of its data set, where one finished) still fits.
-        while queue and group_fits() and run_seconds(queue[0][1]) and now + run_seconds(queue[0][1]) * 1.1 < deadline:
+        while queue and group_fits() and (t := expected_seconds(took, queue[0][1])) and now + t * 1.1 < deadline:
             g = queue[0][0]
             while queue and queue[0][0] == g:
                 start(*queue.pop(0))
