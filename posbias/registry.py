@@ -51,6 +51,14 @@ class Registry:
         # asked for: the built-in tasks load torch, which `import posbias` and the CLI's argument
         # errors do without (a registry of plug-ins by module name, as entry points are).
         self._builtin = dict(builtin or {})
+        self._sources: list[str] = []  # modules registering names not known in advance (`load_on_use`)
+
+    def load_on_use(self, module: str) -> None:
+        """Import `module`, which registers names here, the first time this registry is asked for a
+        name it lacks or for all its names: a task package declares its torch-backed heads this way,
+        so that reading and checking a config does not load torch."""
+        if module not in self._sources:
+            self._sources.append(module)
 
     def _load(self, name: str | None = None) -> None:
         for n, module in list(self._builtin.items()):
@@ -58,6 +66,10 @@ class Registry:
                 if n not in self._table:
                     importlib.import_module(module)  # an error here surfaces again at the next ask
                 del self._builtin[n]
+        if name is None or name not in self._table:
+            while self._sources:
+                importlib.import_module(self._sources[0])  # an error here surfaces again at the next ask
+                self._sources.pop(0)
 
     def register(self, name: str, **traits) -> Callable:
         """A decorator registering a factory under `name`; `traits`: what it declares about itself,
@@ -82,7 +94,7 @@ class Registry:
 
     def get(self, name: str, key: str | None = None) -> Callable[..., Any]:
         """The factory for `name`; `key` is the dotted config key named in the error."""
-        if name not in self._table and name in self._builtin:
+        if name not in self._table:
             self._load(name)
         if name not in self._table:
             load_plugins()
@@ -105,6 +117,9 @@ class Registry:
 # A task package registers its task object when imported. The core (config, checkpoint) finds a
 # task here by name and imports no task package; the built-in ones are imported on first use.
 TASKS = Registry("task", builtin={"qa": "posbias.qa", "tagging": "posbias.tagging"})
+# Diagnoses of models that no task trains (`posbias diagnose NAME`): each adds its own sub-parser to
+# the CLI (`name`, `cli_help`, `cli_commands`, `add_cli_arguments`, as a task does).
+DIAGNOSES = Registry("diagnosis", builtin={"retrieval": "posbias.retrieval.command"})
 # Heads declare `debias=True` when `train.debias` can act on them (`posbias.qa.debias`).
 HEADS = Registry("head")
 LABEL_POLICIES = Registry("label policy")

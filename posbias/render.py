@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from urllib.parse import quote
 
+from .config import BUNDLED, RESOURCES
 from .utils import atomic_write_text
 
 # ------------------------------------------------------------------------------------------ text
@@ -90,6 +91,26 @@ def short_name(x, limit: int = 48) -> str:
     return "/".join(parts[-2:]) if len(parts) >= 2 else text[-limit:]
 
 
+def data_label(spec) -> str:
+    """How a report names a data set: a bundled one by its alias (`demo:dev`), not the path it
+    resolves to inside the installed package; anything else as the user gave it (shards joined
+    with ", ")."""
+    if isinstance(spec, (list, tuple)):
+        return ", ".join(data_label(x) for x in spec)
+    text = str(spec)
+    for alias, rel in BUNDLED.items():
+        if text == alias or _same_file(text, RESOURCES / rel):
+            return alias
+    return text
+
+
+def _same_file(text: str, bundled: Path) -> bool:
+    try:
+        return Path(text).resolve() == bundled.resolve()
+    except (OSError, ValueError):  # not a path (a name, a NUL byte)
+        return False
+
+
 # ------------------------------------------------------------------------------------------ tables
 _BOLD = re.compile(r"\*\*([+\-−]?\d[\d.,]*)\*\*(.*)", re.S)
 """A cell that starts with a bold number (a significant Δ): the one markup a table cell holds;
@@ -121,19 +142,36 @@ def html_table(head, body) -> str:
 
 
 # ------------------------------------------------------------------------------------------- pages
+WIDE_FIGURE = 900
+"""A figure wider than this many pixels (a grid of panels) takes a whole row of `Document.figures`."""
+
+
+def png_width(data: bytes) -> int | None:
+    """The width in pixels of a PNG (its IHDR header), or None for anything else."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(data[16:20], "big")
+
+
 def html_figure(title: str, path: Path, rel: str) -> str:
     """A PNG embedded in the page (the HTML file stands alone), captioned; `rel` is its file name."""
-    data = base64.b64encode(Path(path).read_bytes()).decode()
-    return (f"<figure><img alt='{html.escape(title)}' data-file='{html.escape(rel)}' "
+    raw = Path(path).read_bytes()
+    data = base64.b64encode(raw).decode()
+    wide = " class='wide'" if (png_width(raw) or 0) > WIDE_FIGURE else ""
+    return (f"<figure{wide}><img alt='{html.escape(title)}' data-file='{html.escape(rel)}' "
             f"src='data:image/png;base64,{data}'><figcaption>{html.escape(title)}</figcaption></figure>")
 
 
 def html_page(title: str, parts: list[str]) -> str:
     """A self-contained HTML page around already-escaped parts."""
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
              "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
              "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f3f3f3}"
-             "img{max-width:100%}figure{margin:1.5em 0}")
+             "img{max-width:100%}figure{margin:1.5em 0}figcaption{font-size:0.9em;color:#555}"
+             "blockquote.warning{margin:1em 0;padding:0.6em 1em;border-left:5px solid #d97706;"
+             "background:#fff7e6;color:#4a2c00}"
+             ".figures{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,480px),1fr));gap:1em 2em}"
+             ".figures figure{margin:0}.figures figure.wide{grid-column:1/-1}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
 
@@ -145,7 +183,9 @@ class Document:
     >>> doc.heading("Position bias")
     >>> doc.paragraph(f"**{md_escape(verdict)}**")        # paragraphs and headings are Markdown
     >>> doc.table(["segment", "F1"], [["Q1", "61.20"]])    # cells are plain text
+    >>> doc.warning("the model scores under the quality floor")  # above the tables it qualifies
     >>> doc.figure("F1 by position", png_path)
+    >>> doc.figures([("F1(α)", a_png), ("Per class", b_png)])  # a grid of two per row on the page
     >>> doc.write(folder, "diagnosis")                     # diagnosis.md + diagnosis.html
     """
 
@@ -164,6 +204,13 @@ class Document:
         self._md += [text, ""]
         self._html.append(f"<p>{inline_html(text)}</p>")
 
+    def warning(self, text: str) -> None:
+        """A warning (Markdown text, one line): a blockquote led by a bold "Warning:", styled as a
+        warning on the page. A leading "Warning: " in `text` is not repeated."""
+        text = text.removeprefix("Warning: ")
+        self._md += [f"> **Warning:** {text}", ""]
+        self._html.append(f"<blockquote class='warning'><b>Warning:</b> {inline_html(text)}</blockquote>")
+
     def bullets(self, items: list[str]) -> None:
         """A list, one Markdown line per item."""
         self._md += [f"- {x}" for x in items] + [""]
@@ -181,6 +228,19 @@ class Document:
         rel = rel or path.name
         self._md += [f"![{md_escape(title)}]({quote(rel)})", ""]
         self._html.append(html_figure(title, path, rel))
+
+    def figures(self, items: list[tuple[str, Path]]) -> None:
+        """Several PNGs, `(title, path)` each: one after the other in the Markdown, a grid on the page
+        (two per row on a wide screen, one on a narrow one; a figure of several panels, wider than
+        `WIDE_FIGURE` pixels, a row of its own), so that each stays legible."""
+        if not items:
+            return
+        parts = []
+        for title, path in items:
+            path = Path(path)
+            self._md += [f"![{md_escape(title)}]({quote(path.name)})", ""]
+            parts.append(html_figure(title, path, path.name))
+        self._html.append(f"<div class='figures'>{''.join(parts)}</div>")
 
     def markdown(self) -> str:
         return "\n".join(self._md).rstrip("\n") + "\n"

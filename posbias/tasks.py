@@ -31,6 +31,21 @@ class Task(Protocol):
     hf_suffix: str  # the Hugging Face head class suffix it loads and exports: "ForQuestionAnswering"
     unit: str  # what one example is, in messages and reports: "question", "sentence"
     predict_inputs: tuple[str, ...]  # the raw inputs `predict_checkpoint` takes besides data: ("question", "context")
+    cli_help: str  # what `posbias train --help` says of it: "extractive QA"
+    cli_commands: tuple[str, ...]  # the CLI commands it takes: ("train", "evaluate", "predict", "diagnose", "score")
+
+    # ---- the CLI (`posbias.cli`): called while the parser is built, before torch loads, so the
+    # module holding the task imports nothing heavy at its top
+    def add_cli_arguments(self, command: str, parser) -> None:
+        """Add the task's own arguments of `posbias COMMAND <name>` to `parser` (an argparse parser),
+        for each command in `cli_commands`. The CLI adds the shared ones: train: all of them
+        (-c, overrides, --device, --precision, --resume, --overwrite, --json); evaluate: --model
+        before and --output-dir, overrides, --device, --precision, --json after the task's; predict:
+        --model before and --device, --precision after; diagnose: the same and the verdict's options
+        (--bootstrap-samples, --min-bucket, --quality-floor, --verbose; `api.diagnose` passes them
+        to the task's `diagnose` as bias_samples, min_bucket, quality_floor); score: none. Use `posbias.arguments`'
+        checked types and groups (`overrides_arg`, `verdict_args`); name the options that go to the
+        API function as the task's own keywords with `posbias.arguments.task_options`."""
 
     # ---- training (`posbias.training`)
     def load_tokenizer(self, cfg) -> Any:

@@ -190,7 +190,14 @@ def _unknown_key(cls, key, prefix: str, root) -> ConfigError:
 
 def _from_dict(cls, d: dict, prefix: str = "", root=None):
     """`cls` built from a mapping, each value checked against its annotation; `root`: the whole
-    config's class, where a key put in the wrong section is looked for."""
+    config's class, where a key put in the wrong section is looked for. Every key and value of the
+    whole mapping is checked before any section is built: a section's own checks (`__post_init__`)
+    may load a task's heavy modules, which a misspelt key elsewhere is answered without."""
+    return _build(cls, _checked_values(cls, d, prefix, root))
+
+
+def _checked_values(cls, d: dict, prefix: str = "", root=None) -> dict:
+    """The keyword arguments of `cls` from a mapping, each checked; sections stay mappings."""
     if not isinstance(d, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {d!r}")
     hints = get_type_hints(cls)
@@ -205,11 +212,17 @@ def _from_dict(cls, d: dict, prefix: str = "", root=None):
         tp = hints[f.name]
         key = prefix + f.name
         if dataclasses.is_dataclass(tp):
-            kwargs[f.name] = _from_dict(tp, d[f.name] or {}, key + ".", root or cls)
+            kwargs[f.name] = _checked_values(tp, d[f.name] or {}, key + ".", root or cls)
         else:
             kwargs[f.name] = _check_type(d[f.name], tp, key)
             check_bound(kwargs[f.name], f.metadata.get("bound"), key, nullable=type(None) in get_args(tp))
-    return cls(**kwargs)
+    return kwargs
+
+
+def _build(cls, kwargs: dict):
+    """`cls(**kwargs)`, its sections built first (`_checked_values`' mappings)."""
+    hints = get_type_hints(cls)
+    return cls(**{k: _build(hints[k], v) if dataclasses.is_dataclass(hints[k]) else v for k, v in kwargs.items()})
 
 
 def choice(value, allowed, key):

@@ -11,8 +11,11 @@ One concern per module, in the order a grid meets them:
 - `run`: `run_experiment`, which trains, evaluates and records every unfinished run, locally or
   through `accelerate launch`; `collect_experiment`, which records the runs cluster jobs trained and
   lists the unfinished ones, never training;
-- `cluster`: `run_lanes` (one `experiment run` process per GPU of one machine, on one store) and
-  `submit_runs` (a Slurm job per unfinished run through submitit: `pip install posbias[cluster]`);
+- `cluster`: the lane scheduler `run_queue` (commands as processes, K at once, in priority groups,
+  within a time budget) and what runs on it: `run_lanes` (one `experiment run` process per GPU of
+  one machine, on one store) and `run_groups` (one process per run on one device, within a
+  deadline); and `submit_runs` (a Slurm job per unfinished run through submitit:
+  `pip install posbias[cluster]`);
 - `collect`: a trained run's folder read into the store's rows (metrics, per-example scores,
   segments, curves);
 - `archive`: `copy_results`, finished runs' results (not checkpoints) copied between folders, to
@@ -30,17 +33,17 @@ from ..registry import SEGMENTERS
 from .aggregation import (METRIC_KEYS, aggregate, aggregate_segments, gold_segment_labels, load_results,
                           metric_value, report_metrics)
 from .archive import copy_results
-from .cluster import parse_gpus, run_lanes, submit_runs
+from .cluster import LaneJob, parse_gpus, run_groups, run_lanes, run_queue, submit_runs
 from .collect import collect_results, position_update_curve, score_run
 from .run import collect_experiment, execute_run, plan, run_experiment
-from .spec import POSITION_EVAL_OPTIONS, SPEC_KEYS, Experiment, Run, load_experiment
-from .spec import _run_name  # noqa: F401  (not public: bench/first_sentence_report.py imports it from here)
+from .spec import POSITION_EVAL_OPTIONS, SPEC_KEYS, Experiment, Run, load_experiment, run_name
 from .store import (SCHEMA, STORE_WAY_OUT, check_store, claim, connect, grid_running, holder, lock_path,
                     open_for_reading, readable_store, release, run_status)
 
 __all__ = ["METRIC_KEYS", "POSITION_EVAL_OPTIONS", "SCHEMA", "SEGMENTERS", "SPEC_KEYS", "STORE_WAY_OUT", "Experiment",
-           "Run", "aggregate", "aggregate_segments", "check_store", "claim", "collect_experiment", "collect_results", "connect",
+           "LaneJob", "Run", "aggregate", "aggregate_segments", "check_store", "claim", "collect_experiment",
+           "collect_results", "connect",
            "copy_results", "execute_run", "gold_segment_labels", "grid_running", "holder", "load_experiment",
            "load_results", "lock_path", "metric_value", "open_for_reading", "parse_gpus", "plan",
-           "position_update_curve", "readable_store", "release", "report_metrics", "run_experiment", "run_lanes",
-           "run_status", "score_run", "submit_runs"]
+           "position_update_curve", "readable_store", "release", "report_metrics", "run_experiment", "run_groups",
+           "run_lanes", "run_name", "run_queue", "run_status", "score_run", "submit_runs"]

@@ -202,7 +202,7 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
         for size in sizes:
             for method, m_over in methods.items():
                 for seed in seeds:
-                    name = _run_name(ds_name, size, method, seed)
+                    name = run_name(ds_name, size, method, seed)
                     if any(fnmatchcase(name, p) for p in exclude):
                         continue
                     d = deep_merge(base, current_names(_as_overrides(ds_over, f"datasets.{ds_name}"), task,
@@ -221,7 +221,7 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
                     except ConfigError as e:
                         raise ConfigError(f"experiment run {name}: {e}") from None
                     runs.append(Run(name, method, seed, ds_name, size, cfg, run_dir, checkpoint, decode))
-    grid = [_run_name(d, n, m, k) for d in datasets for n in sizes for m in methods for k in seeds]
+    grid = [run_name(d, n, m, k) for d in datasets for n in sizes for m in methods for k in seeds]
     unused = [p for p in exclude if not any(fnmatchcase(name, p) for name in grid)]
     if unused:
         raise ConfigError(f"experiment spec: exclude pattern {unused[0]!r} matches none of the grid's runs")
@@ -270,8 +270,19 @@ def _decode(value, method: str, checkpoint) -> dict:
     return dict(value)
 
 
-def _run_name(dataset, size, method: str, seed: int) -> str:
-    """`<dataset>/n<size>/<method>/seed<k>`, without the parts the grid does not have."""
+def run_name(dataset, size, method: str, seed: int) -> str:
+    """A run's name in a grid: `<dataset>/n<size>/<method>/seed<k>`, without the parts the grid does
+    not have (no dataset or size: `<method>/seed<k>`).
+
+    Args:
+        dataset: the data set's name, or None where the grid has one unnamed data set.
+        size: the training-set size, or None where the grid does not vary it.
+        method: the method's name.
+        seed: the seed.
+
+    Returns:
+        The name, e.g. `run_name(None, 128, "mean", 1) == "n128/mean/seed1"`.
+    """
     return "/".join(p for p in (dataset, f"n{size}" if size else None, method, f"seed{seed}") if p)
 
 

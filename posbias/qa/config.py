@@ -7,9 +7,7 @@ from ..compat import AnyOf, marks
 from ..config import DataConfig, ModelConfig, RunConfig, TrainConfig, _from_dict, bounded, choice
 from ..errors import ConfigError
 from ..registry import HEADS, LABEL_POLICIES
-from . import heads as _heads, labels as _labels  # noqa: F401  (register built-ins)
-from .debias import check_config
-from .model import head_softmax_default, make_head
+from . import labels as _labels  # noqa: F401  (register built-ins)
 
 
 @dataclass
@@ -29,6 +27,8 @@ class QAModelConfig(ModelConfig):
     def __post_init__(self):
         # Resolved here, not at model build: the value of a new DyReF config (`all`) must enter the
         # hash, while every other head's (`context`, the saved-config value) leaves it unchanged.
+        from .model import head_softmax_default  # loads torch: reading the keys of a config stays without it
+
         default = head_softmax_default(self.head)  # None: the head has no such option
         if self.softmax_over_default is None:
             self.softmax_over_default = default or "context"
@@ -56,11 +56,13 @@ class QADataConfig(DataConfig, defaults={"max_seq_len": 384, "stride": 128}, old
     included): `cls` labels them [CLS] and keeps them, for SQuAD v1 as for v2 (BERT's original
     pre-processing, which the Random Padding paper follows, §2.2 and App. B.2; [CLS] then joins
     the training softmax, and a v1 model still answers with a context span); `drop` leaves them
-    out; `auto` (the default before issue 29, kept in saved configs) = `cls` for v2, `drop` for v1."""
+    out; `auto` (the earlier default, kept in saved configs) = `cls` for v2, `drop` for v1."""
 
 
 @dataclass
 class DecodeConfig:
+    """The decode section of a QA run: how start and end scores become answers."""
+
     n_best: int = bounded(20, 1)
     """Candidate answers kept per question (nbest.json)."""
     max_answer_len: int = bounded(30, 1)
@@ -126,6 +128,7 @@ class QAConfig(RunConfig):
     """An extractive QA run: `posbias train qa`."""
 
     task: str = "qa"
+    """The task this config is for: `qa` (`posbias train qa`)."""
     model: QAModelConfig = field(default_factory=QAModelConfig)
     data: QADataConfig = field(default_factory=QADataConfig)
     train: QATrainConfig = field(default_factory=QATrainConfig)
@@ -135,6 +138,9 @@ class QAConfig(RunConfig):
 
     def validate(self) -> None:
         """QA checks; each error names the dotted key(s) to change."""
+        from .debias import check_config  # loads torch: reading the keys of a config stays without it
+        from .model import make_head
+
         d = self.data
         if self.model.head is None:
             self.model.head = "independent"

@@ -17,7 +17,7 @@ from ..analysis.updates import PositionUpdateCounter
 from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, merged_text, note, position_axis, quality,
                                 quality_text, report_line, sentence, table_row, terminal_block)
 from ..outputs import staged_output
-from ..render import Document, md_escape, plot_text, pyplot, short_name
+from ..render import Document, data_label, md_escape, plot_text, pyplot, short_name
 from ..utils import atomic_write_json
 from . import metrics as M
 from .answer_length import answer_length_labels
@@ -87,15 +87,19 @@ def _axes(bias: dict) -> list[tuple[str, dict | None, dict]]:
     return [(AXES[k], v, SENTENCE_OPTIONS[k]) for k, v in bias["axes"].items()]
 
 
-def _bias_block(bias: dict) -> tuple[str, list[str], list[list[str]], list[str]]:
-    """The verdict: (headline sentence, table head, table body, notes)."""
+def _bias_block(bias: dict, max_seq_len: int) -> tuple[str, list[str], list[list[str]], list[str]]:
+    """The verdict: (headline sentence, table head, table body, notes); the quality warning is
+    `quality_text(bias["quality"])`, shown apart (`Document.warning`). `max_seq_len`: the model's
+    window, whose quarters the answer-position buckets are."""
     body = [table_row(AXES[k], v) for k, v in bias["axes"].items()]
-    notes = [x for x in [quality_text(bias["quality"])] + [merged_text(v) for v in bias["axes"].values()] if x]
+    notes = [x for x in [merged_text(v) for v in bias["axes"].values()] if x]
+    q1 = quartile_labels({"first": 0}, max_seq_len)["first"]  # "Q1 [0,96)" for 384-token windows
+    end = _group_end(q1)
     notes.append(note(bias["min_size"], bias["samples"], " (questions resampled within each group)")
-                 + " Answer position: the quarter of the input window holding the earliest gold answer start (Q1 "
-                 "[0,96) = tokens 0..95), trend per 100 tokens of that start; answer sentence: the paragraph "
-                 "sentence holding the first gold answer (Ko et al. 2020), trend per sentence. \"no answer\" "
-                 "questions are left out.")
+                 + f" Answer position: the quarter of the {max_seq_len}-token input window holding the earliest gold "
+                 f"answer start ({q1} = tokens 0..{end - 1}), trend per 100 tokens of that start; answer sentence: "
+                 "the paragraph sentence holding the first gold answer (Ko et al. 2020), trend per sentence. "
+                 "\"no answer\" questions are left out.")
     return bias["sentence"], VERDICT_HEAD, body, notes
 
 
@@ -181,6 +185,12 @@ def _group_start(label: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _group_end(label: str) -> int | None:
+    """The token after a quarter group label's last ("Q1 [0,96)" -> 96)."""
+    m = re.search(r",(\d+)\)", label)
+    return int(m.group(1)) if m else None
+
+
 def plot_position_updates(updates: dict, path: Path, label: str = "") -> Path:
     return plot_update_fractions({label: PositionUpdateCounter.fractions(updates)}, path,
                                  f"Position-embedding updates ({updates['steps']} steps)")
@@ -238,27 +248,31 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
     tables["answer_sentence"] = _table(sentences, scores)
     bias = position_verdict({"gold_position_quartile": gold_quartiles, "answer_sentence": sentences}, starts, scores,
                             result["f1"], min_size=min_bucket, samples=bias_samples, floor=quality_floor)
-    data_name = data if isinstance(data, (str, Path)) else ds.path
+    data_name = data_label(data if isinstance(data, (str, Path, list, tuple)) else ds.path)
     name = f"{short_name(model)} on {short_name(data_name)}"
-    plots = [plot_position_curve(starts, scores, d.max_seq_len, out / "f1_by_position.png",
-                                 f"F1 by answer position: {name}", min_bucket, bias["axes"].get("gold_position_quartile"))]
+    plots = [("F1 by gold answer position", plot_position_curve(
+        starts, scores, d.max_seq_len, out / "f1_by_position.png", f"F1 by answer position: {name}", min_bucket,
+        bias["axes"].get("gold_position_quartile")))]
     run_dir = Path(model).parent
     if (run_dir / "position_updates.json").is_file():
-        plots.append(plot_position_updates(json.loads((run_dir / "position_updates.json").read_text(encoding="utf-8")),
-                                           out / "position_updates.png"))
+        plots.append(("Position-embedding updates during training", plot_position_updates(
+            json.loads((run_dir / "position_updates.json").read_text(encoding="utf-8")), out / "position_updates.png")))
     title = f"Position diagnosis of {model} on {data_name}"
     intro = [f"{result['total']} questions, {result['windows']} windows (max_seq_len {d.max_seq_len}, stride "
              f"{d.stride}): EM {result.get('exact_match', result.get('exact')):.2f}, "
-             f"F1 {result['f1']:.2f}. Data file: {ds.path}.",
+             f"F1 {result['f1']:.2f}. Data: {data_label(ds.path)}.",
              "Positions are token indices in the input window ([CLS] = 0). Gold: the earliest gold mention "
              "(in the first window holding it). Predicted: the start of the predicted answer (the paper's Table 1). "
              f"S_X(1): a gold mention starts in the first X tokens of any window (§6.1). Segments marked † hold "
              f"fewer than {min_bucket} questions: too few to read alone."]
-    headline, bias_head, bias_body, bias_notes = _bias_block(bias)
+    headline, bias_head, bias_body, bias_notes = _bias_block(bias, d.max_seq_len)
     # The title and the intro name the user's model and file: escaped for Markdown.
     doc = Document(title)
     doc.heading("Position bias")
     doc.paragraph(f"**{headline}**")
+    warning = quality_text(bias["quality"])
+    if warning:  # above the tables it qualifies
+        doc.warning(warning)
     doc.table(bias_head, bias_body)
     for x in bias_notes:
         doc.paragraph(x)
@@ -268,15 +282,16 @@ def _diagnose(model, data, out: Path, final: Path, xs, overrides, progress, bias
               "pred_position_quartile": "F1 by quarter of the window holding the predicted start (Table 1)",
               "answer_length": "EM/F1 by length of the shortest gold answer, in words (MaP Fig. 6)",
               "answer_sentence": "EM/F1 by the paragraph sentence holding the first gold answer (Ko et al. 2020)"}
+    for x in xs:
+        titles[f"first_x_tokens(x={x})"] = (f"EM/F1 by a gold answer in the first {x} tokens of a window, S{x}(1), "
+                                            f"or only later, S{x}(2) (App. C)")
     for key, rows in tables.items():
-        _segments(doc, rows, titles.get(key, f"{key}: S_X(1) = some gold mention within the first X tokens, "
-                                             "S_X(2) = all later (App. C)"), min_bucket)
+        _segments(doc, rows, titles[key], min_bucket)
     doc.heading("Plots")
-    for p in plots:
-        doc.figure(p.stem.replace("_", " "), p)
+    doc.figures(plots)
     doc.write(out, "diagnosis")
     summary = {"position_bias": bias, "model": str(model), "data": ds.path, "data_name": str(data_name),
-               "metrics": result, "tables": tables, "plots": [str(final / p.name) for p in plots]}
+               "metrics": result, "tables": tables, "plots": [str(final / p.name) for _, p in plots]}
     summary["verdict_lines"] = verdict_lines(summary, final)
     atomic_write_json(out / "diagnosis.json", summary)
     write_run_meta(out, cfg, "diagnose qa", model, ds.path, t0, skipped=ds.skipped)

@@ -208,6 +208,11 @@ def predict_checkpoint(model, question: str | None = None, context: str | None =
                        output_dir=None, n_best: int | None = None, overrides=None, progress: bool = False) -> dict:
     """Answer one question (question + context) or every question of a file.
 
+    `data` needs no answers: SQuAD JSON (answers, where present, are not used), MRQA JSONL, or a
+    JSONL of questions, one object per line (`posbias.qa.questions`):
+
+        {"id": "q1", "question": "Who wrote it?", "context": "Ada Lovelace wrote ..."}
+
     Returns id -> {"answer", "probability", "start_char", "nbest"}; with `output_dir`, also writes
     predictions.json, nbest.json, null_odds.json.
     """
@@ -223,7 +228,7 @@ def predict_checkpoint(model, question: str | None = None, context: str | None =
         t0 = time.time()
         skipped = []
         if data is not None:
-            ds = read_dataset(data, cfg.data.on_bad_record)
+            ds = read_dataset(data, cfg.data.on_bad_record, labeled=False)  # answers not needed
             examples, source, skipped = ds.examples, ds.path, ds.skipped
         else:
             if not question.strip() or not context.strip():

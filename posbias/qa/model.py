@@ -6,14 +6,16 @@ Shape legend: b batch, s sequence, d hidden.
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from .. import factories
-from ..checkpoint import MODEL_META, load_checkpoint
-from ..config import ModelConfig, build_config
+from ..checkpoint import (EXPORT_SETTINGS, MODEL_META, export_config, load_checkpoint, read_export_settings,
+                          write_export_settings)
+from ..config import ModelConfig
 from ..encoders import (
     EncoderInputs,
     check_vocab_fits,
@@ -23,12 +25,13 @@ from ..encoders import (
     hf_task_model,
     load_encoder,
     open_tokenizer,
+    quiet_transformers,
 )
 from ..errors import ConfigError
 from ..parity import check_forwards, check_parity
 from ..precision import full_precision, to_float
 from ..registry import HEADS
-from . import heads as _heads  # noqa: F401  (registers the built-in heads)
+from . import bidaf as _bidaf, heads as _heads  # noqa: F401  (register the BiDAF encoder type, the built-in heads)
 from .collate import collate
 from .debias import AnswerPrior, head_mask, make_debias
 from .examples import QAExample
@@ -193,8 +196,6 @@ def model_from_checkpoint(path: str, cfg, meta: dict):
     debias, prior = getattr(cfg.train, "debias", None), None
     saved = (meta.get("debias") or {}).get("prior")
     if debias is not None and saved is not None:
-        from pathlib import Path
-
         prior = AnswerPrior.from_dict(saved, f"{Path(path) / MODEL_META}: debias.prior")
     return QAModel(encoder, head_for(encoder, meta["head"], meta["null_answer"], cfg.model),
                    meta["head"], meta["null_answer"],
@@ -218,10 +219,16 @@ def load_hf_qa(path: str, config):
         raise ConfigError(f"{path}: {type(hf).__name__} has no qa_outputs layer nor a two-output linear classifier "
                           "(only start/end-vector QA models can be imported)")
     encoder = getattr(hf, hf.base_model_prefix)
-    head = HEADS.get("independent")(config.hidden_size, null_answer=True)
+    # A folder posbias exported says how its model reads and answers (`export_hf`); others get the defaults.
+    settings = read_export_settings(path, "qa")
+    null_answer = settings.get("model", {}).get("null_answer", True)
+    if not isinstance(null_answer, bool):
+        raise ConfigError(f"{Path(path) / EXPORT_SETTINGS}: model.null_answer must be true or false, "
+                          f"got {null_answer!r}")
+    head = HEADS.get("independent")(config.hidden_size, null_answer=null_answer)
     head.qa_outputs.load_state_dict(span_layer.state_dict())
-    cfg = build_config({"model": {"name_or_path": path, "head": "independent"}})
-    model = QAModel(encoder, head, "independent", True, prediction_head=hf_prediction_head(hf))
+    cfg = export_config(path, "qa", settings, ("data", "decode"), {"head": "independent"})
+    model = QAModel(encoder, head, "independent", null_answer, prediction_head=hf_prediction_head(hf))
     check_vocab_fits(tokenizer, encoder, path)  # before the check's forwards index the table
     check_hf_parity(model, hf, tokenizer, path)
     return model, tokenizer, cfg
@@ -265,13 +272,23 @@ def check_hf_parity(model: QAModel, hf, tokenizer, source, *, exporting: bool = 
                               (ours["end_logits"][scored], theirs.end_logits[scored])], exporting=exporting)
 
 
-def export_hf(checkpoint, out_dir):
-    """Turn a posbias checkpoint with the `independent` head into an AutoModelForQuestionAnswering folder."""
-    from pathlib import Path
+EXPORTED_KEYS = {"data": ("max_seq_len", "stride", "max_query_len", "context_first"),
+                 "decode": ("n_best", "max_answer_len", "null_threshold", "require_max_context")}
+"""The run config keys an exported folder carries (`posbias.checkpoint.EXPORT_SETTINGS`): how the
+model's windows are cut and its answers decoded."""
 
+
+def export_hf(checkpoint, out_dir):
+    """Turn a posbias checkpoint with the `independent` head into an AutoModelForQuestionAnswering folder.
+
+    Its windows and decoding (`EXPORTED_KEYS`) and whether it answers "no answer" go into
+    posbias.json, which `posbias predict` / `evaluate` / `diagnose` apply to the folder, and into
+    config.json's `task_specific_params["question-answering"]` under the names of transformers'
+    question-answering pipeline (max_seq_len, doc_stride, max_question_len, max_answer_len,
+    handle_impossible_answer), for a user's own code."""
     from transformers import AutoModelForQuestionAnswering
 
-    model, tokenizer, _ = load_checkpoint(checkpoint, task="qa")
+    model, tokenizer, cfg = load_checkpoint(checkpoint, task="qa")
     if model.head_name != "independent":
         raise ConfigError(f"{checkpoint}: head {model.head_name!r} has no Hugging Face equivalent; "
                           "only the `independent` head can be exported")
@@ -281,7 +298,13 @@ def export_hf(checkpoint, out_dir):
                           "head; it cannot be exported (evaluate it with posbias instead)")
     hf.qa_outputs.load_state_dict(model.head.qa_outputs.state_dict())
     check_hf_parity(model, hf, tokenizer, checkpoint, exporting=True)
+    d, dec = cfg.data, cfg.decode
+    hf.config.task_specific_params = {"question-answering": {
+        "max_seq_len": d.max_seq_len, "doc_stride": d.stride, "max_question_len": d.max_query_len,
+        "max_answer_len": dec.max_answer_len, "handle_impossible_answer": model.null_answer}}
     out = Path(out_dir)
-    hf.save_pretrained(str(out), safe_serialization=True)
+    with quiet_transformers():  # no "Writing model shards" bar
+        hf.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
+    write_export_settings(out, cfg, EXPORTED_KEYS, {"null_answer": model.null_answer})
     return out

@@ -7,8 +7,8 @@ mark (. ! ? and their Unicode kin) followed by space, unless the word before the
 abbreviation (Dr., U.S., Jan., p.m.) or the mark sits inside a number (3.50) or an initialism;
 quotes and brackets closing right after the mark stay with the sentence. Every context character
 belongs to exactly one sentence: the spans tile the text, trailing spaces go with the sentence they
-follow. `bench/sentence_agreement.py` measures its agreement with a second, independent rule-based
-splitter (pySBD) on SQuAD dev.
+follow. `reproductions/first_sentence/sentence_agreement.py` measures its agreement with a second,
+independent rule-based splitter (pySBD) on SQuAD dev.
 
 A question's sentence is the one holding the first character of its *first* gold answer, as Ko et al.
 build SQuAD-train^(k) from the (single) training answer; on dev, the first of the annotators' answers.

@@ -29,10 +29,12 @@ def read_squad(path, on_bad_record: str = "error", check_offsets: bool = True) -
     return _squad_dataset([(str(path), read_text(path))], on_bad_record, check_offsets)
 
 
-def parse_squad(path, text: str, on_bad_record: str = "error", check_offsets: bool = True) -> QADataset:
-    """`read_squad` on text already read from `path` (lets `read_qa` sniff the format first)."""
+def parse_squad(path, text: str, on_bad_record: str = "error", check_offsets: bool = True, *,
+                labeled: bool = True) -> QADataset:
+    """`read_squad` on text already read from `path` (lets `read_qa` sniff the format first).
+    `labeled=False` (prediction): a question without answers is read as an unlabeled question."""
     check_on_bad_record(on_bad_record)
-    return _squad_dataset([(str(path), text)], on_bad_record, check_offsets)
+    return _squad_dataset([(str(path), text)], on_bad_record, check_offsets, labeled)
 
 
 def squad_from_object(name: str, top: dict, on_bad_record: str = "error", check_offsets: bool = True) -> QADataset:
@@ -41,7 +43,8 @@ def squad_from_object(name: str, top: dict, on_bad_record: str = "error", check_
     return _squad_dataset([(name, top)], on_bad_record, check_offsets)
 
 
-def read_squad_many(paths, on_bad_record: str = "error", check_offsets: bool = True) -> QADataset:
+def read_squad_many(paths, on_bad_record: str = "error", check_offsets: bool = True, *,
+                    labeled: bool = True) -> QADataset:
     """Read SQuAD shards as one dataset: their `data` lists in order, ids unique across all.
 
     The dataset's `path` is the shard paths joined with ", ".
@@ -50,13 +53,13 @@ def read_squad_many(paths, on_bad_record: str = "error", check_offsets: bool = T
     paths = [str(p) for p in paths]
     if not paths:
         raise ValueError("read_squad_many needs at least one path")
-    return _squad_dataset(((p, read_text(p)) for p in paths), on_bad_record, check_offsets)
+    return _squad_dataset(((p, read_text(p)) for p in paths), on_bad_record, check_offsets, labeled)
 
 
 # --- SQuAD internals: one validator per record level -------------------------------------------
 
 def _squad_dataset(sources: Iterable[tuple[str, str]], on_bad_record: str,
-                   check_offsets: bool) -> QADataset:
+                   check_offsets: bool, labeled: bool = True) -> QADataset:
     paths, versions, examples, skipped = [], [], [], []
     seen: dict[str, tuple[str, str]] = {}
     for path, text in sources:
@@ -66,7 +69,7 @@ def _squad_dataset(sources: Iterable[tuple[str, str]], on_bad_record: str,
         paths.append(path)
         versions.append(top.get("version"))
         items = (item for i, article in enumerate(top["data"])
-                 for item in _article(path, article, i, seen, check_offsets))
+                 for item in _article(path, article, i, seen, check_offsets, labeled))
         collect(items, on_bad_record, examples, skipped)
     if len(set(map(str, versions))) > 1:
         raise DataError(paths[-1], None, f"shards disagree on version: {versions}")
@@ -87,7 +90,7 @@ def _load_json(path: str, text: str):
         raise DataError(path, None, "not valid SQuAD JSON: arrays or objects nested too deeply") from None
 
 
-def _article(path, article, i, seen, check_offsets) -> Iterator[QAExample | DataError]:
+def _article(path, article, i, seen, check_offsets, labeled=True) -> Iterator[QAExample | DataError]:
     title = article.get("title", "") if isinstance(article, dict) else ""
     where = f"article {title!r}" if is_text(title) else f"article {i}"
     if not isinstance(article, dict):
@@ -99,11 +102,11 @@ def _article(path, article, i, seen, check_offsets) -> Iterator[QAExample | Data
     else:
         for p, paragraph in enumerate(article["paragraphs"]):
             yield from _paragraph(path, paragraph, title, f"{where} paragraph {p}", seen,
-                                  check_offsets)
+                                  check_offsets, labeled)
 
 
 def _paragraph(path, paragraph, title, where, seen,
-               check_offsets) -> Iterator[QAExample | DataError]:
+               check_offsets, labeled=True) -> Iterator[QAExample | DataError]:
     qas, reason = context_problem(paragraph, "paragraph")
     if reason:
         yield from blame_questions(path, qas, where, reason)
@@ -111,12 +114,12 @@ def _paragraph(path, paragraph, title, where, seen,
     for k, q in enumerate(qas):
         try:
             yield _question(path, q, paragraph["context"], title, f"{where} question {k}", seen,
-                            check_offsets)
+                            check_offsets, labeled)
         except DataError as e:
             yield e
 
 
-def _question(path, q, context, title, where, seen, check_offsets) -> QAExample:
+def _question(path, q, context, title, where, seen, check_offsets, labeled=True) -> QAExample:
     if not isinstance(q, dict):
         raise DataError(path, where, "question must be a JSON object")
     qid = q.get("id")
@@ -132,12 +135,13 @@ def _question(path, q, context, title, where, seen, check_offsets) -> QAExample:
     impossible = q.get("is_impossible", False)
     if not isinstance(impossible, bool):
         raise DataError(path, qid, f"is_impossible must be true or false, got {impossible!r}")
-    answers = q.get("answers", [] if impossible else None)
+    # Unlabeled (prediction): a question may come without answers, or with an empty list.
+    answers = q.get("answers", [] if impossible or not labeled else None)
     if not isinstance(answers, list):
         raise DataError(path, qid, f"answers must be a list, got {answers!r}")
     if impossible and answers:
         raise DataError(path, qid, "is_impossible question has answers (use plausible_answers)")
-    if not impossible and not answers:
+    if not impossible and not answers and labeled:
         raise DataError(path, qid, "answerable question has no answers")
     parsed = [_answer(path, qid, k, a, context, check_offsets) for k, a in enumerate(answers)]
     seen[qid] = (path, where)  # only a kept question claims its id

@@ -22,6 +22,7 @@ Shape legend: q queries, p passages, b a block of queries.
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
 from collections.abc import Iterator
@@ -42,13 +43,27 @@ def tokenize(text: str, stop_words: frozenset[str] | set[str] = STOP_WORDS) -> l
     return [t for t in _WORD.findall(text.lower()) if t not in stop_words]
 
 
+MISSING = ('diagnose retrieval: the BM25 baseline needs the bm25s package (the `retrieval` extra): '
+           'pip install "posbias[retrieval]" (or pip install bm25s), or leave BM25 out with --no-bm25 '
+           "(bm25=False in Python)")
+
+
+def check_available() -> None:
+    """Refuse in one line, before any model is loaded or text embedded, when bm25s is not installed
+    (the `retrieval` extra). Looks the package up without importing it."""
+    try:
+        found = importlib.util.find_spec("bm25s") is not None
+    except (ImportError, ValueError):  # a broken or half-removed installation
+        found = False
+    if not found:
+        raise ConfigError(MISSING)
+
+
 def _import_bm25s():
     try:
         import bm25s
     except ImportError as e:
-        raise ConfigError("BM25 (diagnose retrieval's `bm25` baseline) needs the bm25s package: "
-                          "pip install bm25s (or pip install 'posbias[retrieval]'), or leave BM25 out "
-                          "(--no-bm25, bm25=False)") from e
+        raise ConfigError(MISSING) from e
     return bm25s
 
 

@@ -24,8 +24,9 @@ from ..analysis import verdict as V
 from ..errors import ConfigError
 from ..outputs import staged_output
 from ..qa.readers import read_dataset
-from ..render import Document, fmt, pyplot
+from ..render import Document, data_label, fmt, pyplot
 from ..utils import atomic_write_json, now_iso, versions
+from .bm25 import bm25_scores, check_available
 from .benchmark import (
     CHAR_EDGES,
     POSITIONS,
@@ -122,8 +123,6 @@ def score_set(rset: RetrievalSet, embedder: Embedder | None, methods: tuple[str,
         timings[f"{rset.name}: encode {len(texts):,} chunks"] = time.perf_counter() - t
         ranks["chunks"] = ranks_from_blocks(maxsim_blocks(q_emb, c_emb, owner, len(rset.passages)), rset.gold)
     if "bm25" in methods:
-        from .bm25 import bm25_scores
-
         t = time.perf_counter()
         ranks["bm25"] = ranks_from_blocks(bm25_scores(rset.passages, rset.queries), rset.gold)
         timings[f"{rset.name}: BM25"] = time.perf_counter() - t
@@ -190,6 +189,8 @@ def diagnose(model, data, output_dir, *, device: str = "auto", precision: str = 
             raise ConfigError(f"diagnose retrieval: {name} must be an integer >= {low}, got {value!r}")
     if max_queries is not None and (isinstance(max_queries, bool) or not isinstance(max_queries, int) or max_queries < 1):
         raise ConfigError(f"diagnose retrieval: max_queries must be a positive integer, got {max_queries!r}")
+    if bm25:  # an optional dependency is checked before minutes of embedding, not after
+        check_available()
     t0 = time.time()
     ds = read_dataset(data)
     examples = ds.examples[:max_queries] if max_queries else ds.examples
@@ -258,7 +259,8 @@ def _diagnose(embedder: Embedder, ds, examples, out: Path, final: Path, methods,
     res["bootstrap_samples"], res["min_bucket"] = samples, min_bucket
     plots = _plots(res, out)
     axes = [(name, v, {"metric": "NDCG@10", "what": "answers"}) for name, v in res["axes"].items()]
-    res["verdict_lines"] = V.terminal_block(f"Position diagnosis of {embedder.source} on {ds.path} (retrieval)", axes,
+    title = f"Position diagnosis of {embedder.source} on {data_label(ds.path)} (retrieval)"
+    res["verdict_lines"] = V.terminal_block(title, axes,
                                             res["quality"], V.report_line(final, len(plots)), metric="NDCG@10")
     if res["paired"] and res["paired"]["methods"]:
         d = res["paired"]["methods"]["dense"]["differences"].get("start − end")
@@ -305,14 +307,14 @@ def _plots(res: dict, out: Path) -> list[Path]:
 
 def _report(res: dict, out: Path, plots: list[Path]) -> None:
     m = res["model"]
-    doc = Document(f"Position diagnosis of {m['model']} (retrieval)")
+    doc = Document(f"Position diagnosis of {m['model']} on {data_label(res['data'])} (retrieval)")
     doc.heading("Position bias")
-    warn = V.quality_text(res["quality"])
-    if warn:
-        doc.paragraph(f"**{warn}**")
     first = next(iter(res["axes"].values()))
     doc.paragraph(f"**{V.sentence(first, metric='NDCG@10', what='answers')}** (single-vector embedding, answer start "
                   "in characters, SQuAD-PosQ's buckets)")
+    warn = V.quality_text(res["quality"])
+    if warn:  # above the tables it qualifies
+        doc.warning(warn)
     doc.table(V.VERDICT_HEAD, [V.table_row(name, v, "NDCG@10") for name, v in res["axes"].items()])
     doc.paragraph(V.note(res["min_bucket"], res["bootstrap_samples"]) + " Score per question: NDCG@10 of its one "
                   "relevant passage, in points; trend per 100 characters (tokens).")
@@ -354,8 +356,10 @@ def _report(res: dict, out: Path, plots: list[Path]) -> None:
     doc.heading("Setup")
     doc.bullets([(f"model: {m['model']} ({m['kind']}, {m['similarity']} similarity, max length {m['max_length']} "
                   f"tokens), on {m['device']} in {m['precision']['precision']} ({m['precision']['reason']})"),
-                 f"data: {res['data']}: {res['questions']:,} answerable questions over {res['passages']:,} passages",
+                 f"data: {data_label(res['data'])}: {res['questions']:,} answerable questions over {res['passages']:,} "
+                 "passages",
                  "times: " + ", ".join(f"{k} {v:.1f} s" for k, v in res["timings_s"].items())])
-    for p in plots:
-        doc.figure(p.stem.replace("_", " "), p)
+    captions = {"ndcg_by_position": "NDCG@10 by answer position",
+                "paired_positions": "NDCG@10 with the same paragraph at the start, middle or end"}
+    doc.figures([(captions.get(p.stem, p.stem.replace("_", " ")), p) for p in plots])
     doc.write(out, "diagnosis")

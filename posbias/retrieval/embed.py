@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from tqdm.auto import tqdm
 
 from .. import devices
 from ..config import resolve_path
-from ..encoders import check_weights_file, local_dir
+from ..encoders import check_weights_file, local_dir, quiet_transformers
 from ..errors import ConfigError
 from ..precision import Precision, autocast, resolve_precision
 from ..utils import atomic_write_bytes, interactive
@@ -185,7 +186,11 @@ def load_embedder(spec: str, *, device: str = "auto", precision: str = "auto", m
         except ImportError:
             raise ConfigError(f"{key}: {folder} is a sentence-transformers folder; pip install sentence-transformers "
                               "to encode it with its own pooling") from None
-        model = SentenceTransformer(folder, device=str(dev), local_files_only=True, trust_remote_code=False)
+        # transformers' per-load report table and progress bar silenced for this load only (as every
+        # posbias load: `quiet_transformers`); the logging state is restored after it.
+        with warnings.catch_warnings(), quiet_transformers():
+            warnings.simplefilter("ignore")
+            model = SentenceTransformer(folder, device=str(dev), local_files_only=True, trust_remote_code=False)
         if max_length is not None:
             model.max_seq_length = max_length
         model.eval()

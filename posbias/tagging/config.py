@@ -70,6 +70,7 @@ class TaggingConfig(RunConfig):
     """A token-classification run: `posbias train tagging`."""
 
     task: str = "tagging"
+    """The task this config is for: `tagging` (`posbias train tagging`)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: TaggingDataConfig = field(default_factory=TaggingDataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -17,7 +17,7 @@ from ..analysis.verdict import (MIN_BUCKET, QUALITY_FLOOR, VERDICT_HEAD, alpha_a
 from ..errors import ConfigError
 from ..evaluation import opened_for_eval, write_run_meta
 from ..outputs import staged_output
-from ..render import Document, md_escape, plot_text, pyplot, short_name
+from ..render import Document, data_label, md_escape, plot_text, pyplot, short_name
 from ..utils import atomic_write_json
 from .duplicated import MODES, length_subset, position_eval, sentence_counts
 from .evaluate import align_labels
@@ -86,9 +86,13 @@ def plot_position_curves(result: dict, path: Path, title: str) -> Path:
     front − rear effect."""
     plt = pyplot()
     keys = _keys(result)
-    fig, axes = plt.subplots(1, len(keys), figsize=(3.4 * len(keys), 3.4), squeeze=False)
+    cols = min(2, len(keys))  # at most two panels per row: legible in a page 1,100 px wide
+    rows = -(-len(keys) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[len(keys):]:  # an odd panel count leaves one cell empty
+        ax.set_visible(False)
     dup, shift = result.get("duplicate"), result.get("shift")
-    for ax, key in zip(axes[0], keys):
+    for ax, key in zip(axes.flat, keys):
         if dup:
             for k in sorted({c["k"] for c in dup["cells"]}):
                 cells = sorted((c for c in dup["cells"] if c["k"] == k), key=lambda c: c["alpha"])
@@ -110,8 +114,8 @@ def plot_position_curves(result: dict, path: Path, title: str) -> Path:
             ax.annotate(f"copy 1 − copy {axis['alphas'][-1]} (paired): {e:+.1f}" + (
                 f" [{axis['ci'][0]:+.1f}, {axis['ci'][1]:+.1f}]" if axis.get("ci") else ""),
                 (0.02, 0.02), xycoords="axes fraction", fontsize=7)
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle(plot_text(title), fontsize=10)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(plot_text(title), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -243,12 +247,13 @@ def _axes(bias: dict) -> list[tuple[str, dict | None, dict]]:
 
 
 def _bias_block(result: dict, bias: dict) -> tuple[str, list[str], list[list[str]], list[str]]:
-    """The verdict: (headline sentence, table head, table body, notes)."""
+    """The verdict: (headline sentence, table head, table body, notes); the quality warning is
+    `quality_text(bias["quality"])`, shown apart (`Document.warning`)."""
     name = _NAMES[result["metric"]]
     body = [table_row(MODE_AXES[m], v, name) for m, v in bias["axes"].items()]
     if "skipped" in (result.get("shift") or {}):
         body.append([MODE_AXES["shift"], "–", "–", "–", "–", "–", "skipped"])
-    notes = [x for x in [quality_text(bias["quality"])] if x]
+    notes = []
     n = result["subset"].get("evaluated_sentences", 0)
     notes.append(f"Front: copy 1, rear: copy {result['subset']['k_max']} of the duplicated test sets, {name}(α) "
                  f"averaged over k ≥ α as in the paper's tables; the same {n:,} sentences at every α. "
@@ -294,6 +299,9 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
     doc = Document(title)
     doc.heading("Position bias")
     doc.paragraph(f"**{headline}**")
+    warning = quality_text(bias["quality"])
+    if warning:  # above the tables it qualifies
+        doc.warning(warning)
     doc.table(bh, bb)
     for x in bnotes + intro:
         doc.paragraph(x)
@@ -304,8 +312,7 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
         doc.heading("Per class (duplicate mode)")
         doc.table(*ct)
     doc.heading("Plots")
-    for name, p in plots:
-        doc.figure(name, p)
+    doc.figures(plots)
     doc.write(out, "diagnosis")
     atomic_write_json(out / "diagnosis.json", {"position_bias": bias, **result})  # the bias first
     return [Path(p) for _, p in plots]
@@ -317,10 +324,11 @@ def _intro(result: dict, esc) -> list[str]:
     sub = result["subset"]
     metric = _NAMES[result["metric"]]
     intro = [
-        f"Data: {esc(result['data'])} ({sub['split_sentences']:,} sentences). "
+        f"Data: {esc(data_label(result['data']))} ({sub['split_sentences']:,} sentences). "
         + (f"D*: sentence lengths in [{sub['length_bounds'][0]:g}, {sub['length_bounds'][1]:g}] words, the "
            f"{sub['quantiles'][0]:g} and {sub['quantiles'][1]:g} quantiles of "
-           + (f"the lengths of {sub['pool_sentences']:,} sentences pooled from {'; '.join(map(esc, sub['pool']))}"
+           + (f"the lengths of {sub['pool_sentences']:,} sentences pooled from "
+              f"{'; '.join(esc(data_label(p)) for p in sub['pool'])}"
               if sub.get("pool") else "this file's lengths")
            + f": {sub['subset_sentences']:,} sentences. "
            if sub.get("length_bounds") else "All sentences (no length subset). ")
@@ -389,7 +397,7 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles="model", mod
                                length_pool=pool, own_subtokens=learns_word_labels(cfg.data.label_subtokens, net.scheme),
                                keep_counts=True)
         result["model"] = str(model)
-        result["data_name"] = str(data) if isinstance(data, (str, Path)) else ds.path
+        result["data_name"] = data_label(data if isinstance(data, (str, Path, list, tuple)) else ds.path)
         lengths = np.array([len(e.words) for e in ds.examples])
         bounds = result["subset"].get("length_bounds")
         data_plots = [("Sentence-length density (D* shaded)",
@@ -400,8 +408,8 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles="model", mod
         if positions:
             data_plots.append(("Class positions in D*",
                                plot_class_positions(positions, out / "class_positions.png", "Class positions in D*")))
-        plots = write_report(result, out, f"Position diagnosis of {model}", data_plots, min_size=min_bucket,
-                             samples=bias_samples, floor=quality_floor)
+        plots = write_report(result, out, f"Position diagnosis of {model} on {result['data_name']}", data_plots,
+                             min_size=min_bucket, samples=bias_samples, floor=quality_floor)
         write_run_meta(out, cfg, "diagnose tagging", model, ds.path, t0, skipped=ds.skipped)
     result["plots"] = [str(Path(output_dir) / p.name) for p in plots]
     result["verdict_lines"] = verdict_lines(result, output_dir)

@@ -5,7 +5,7 @@ NER is scored at word level (each word's prediction is read at its first sub-tok
 both boundaries match and its tag sequence is well formed (a predicted `I-PER` after `O` is not
 an entity). seqeval's default mode is conlleval's lenient one, which repairs such sequences; the
 token-positional-bias authors used it, and scored every sub-token. posbias's main number is the
-strict one (`docs/tagging.md` says where this differs from the paper's code); the authors' metric
+strict one (`docs/concepts/duplicated-test-sets.md` says where this differs from the paper's code); the authors' metric
 is reported beside it (`seqeval_subtoken_f1`, `lenient_scores`: an exact, vectorized equivalent of
 seqeval's default mode). A model trained on
 BIOES labels is scored on an IOB2 file in IOB2, its predictions mapped back (`scoring_schemes`).

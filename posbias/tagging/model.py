@@ -13,10 +13,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..checkpoint import load_checkpoint
-from ..config import build_config
+from ..checkpoint import EXPORT_SETTINGS, export_config, load_checkpoint, read_export_settings, write_export_settings
 from ..encoders import (EncoderInputs, check_vocab_fits, encoder_from_config, from_pretrained_quietly,
-                        hf_prediction_head, hf_task_model, load_encoder, position_ids)
+                        hf_prediction_head, hf_task_model, load_encoder, position_ids, quiet_transformers)
 from ..errors import ConfigError
 from ..parity import check_forwards, check_parity
 from ..precision import full_precision, to_float
@@ -128,11 +127,27 @@ def load_hf_tagger(path: str, config):
         raise ConfigError(f"{path}: {type(hf).__name__} has no linear `classifier` layer; only linear token "
                           "heads can be imported")
     labels = [config.id2label[i] for i in range(config.num_labels)]
+    source = str(Path(path) / "config.json")
+    # A folder posbias exported keeps the model's own label names and scheme (its config.json has
+    # HF-groupable names, `hf_label_names`) and its windows (`export_hf`); others get the defaults.
+    settings = read_export_settings(path, "tagging")
+    saved = settings.get("model", {})
+    if "labels" in saved:
+        source = str(Path(path) / EXPORT_SETTINGS)
+        labels, scheme = saved["labels"], saved.get("scheme")
+        named = isinstance(labels, list) and all(isinstance(t, str) for t in labels)
+        if not (named and len(labels) == config.num_labels):
+            raise ConfigError(f"{source}: model.labels must be a list of {config.num_labels} label names (the "
+                              f"classifier's outputs), got {labels!r:.80}")
+        if scheme not in ("bioes", "iob2", "none"):
+            raise ConfigError(f"{source}: model.scheme must be bioes, iob2 or none, got {scheme!r}")
+    else:
+        scheme = scheme_of_labels(labels)
     encoder = getattr(hf, hf.base_model_prefix)
-    model = TaggerModel(encoder, labels, scheme_of_labels(labels), prediction_head=hf_prediction_head(hf))
-    model.label_source = str(Path(path) / "config.json")
+    model = TaggerModel(encoder, labels, scheme, prediction_head=hf_prediction_head(hf))
+    model.label_source = source
     model.classifier.load_state_dict(classifier.state_dict())
-    cfg = build_config({"task": "tagging", "model": {"name_or_path": path}})
+    cfg = export_config(path, "tagging", settings, ("data",))
     tokenizer = tagging_tokenizer(path)
     check_vocab_fits(tokenizer, encoder, path)  # before the check's forwards index the table
     check_hf_parity(model, hf, tokenizer, path)
@@ -188,14 +203,35 @@ def tagger_view(hf_model, labels: list[str] | None = None) -> TaggerModel:
     return view
 
 
+def hf_label_names(labels: list[str], scheme: str) -> list[str]:
+    """Label names transformers' entity grouping understands: BIOES's `S-X` becomes `B-X` and `E-X`
+    becomes `I-X` (a single-token entity starts and ends at once; an end continues its entity), so
+    `pipeline("token-classification", aggregation_strategy="simple")` groups an exported BIOES
+    tagger's entities. Every argmax keeps a valid name: only names change, never the outputs."""
+    if scheme != "bioes":
+        return list(labels)
+    rename = {"S": "B", "E": "I"}
+    return [f"{rename[t[0]]}{t[1:]}" if t[:2] in ("S-", "E-") else t for t in labels]
+
+
+EXPORTED_KEYS = {"data": ("max_seq_len", "stride", "label_subtokens", "label_scheme", "tag")}
+"""The run config keys an exported folder carries (`posbias.checkpoint.EXPORT_SETTINGS`): its windows,
+which sub-token a word's label sits on, the label scheme and the tag column it learned."""
+
+
 def export_hf(checkpoint, out_dir) -> Path:
-    """Turn a posbias tagging checkpoint into an AutoModelForTokenClassification folder (labels in
-    its config's id2label / label2id)."""
+    """Turn a posbias tagging checkpoint into an AutoModelForTokenClassification folder: labels in its
+    config's id2label / label2id (BIOES names made groupable by `hf_label_names`), the model's own
+    label names, scheme and windows (`EXPORTED_KEYS`) in posbias.json, which posbias reads back."""
     from transformers import AutoModelForTokenClassification
 
-    model, tokenizer, _ = load_checkpoint(checkpoint, task="tagging")
+    model, tokenizer, cfg = load_checkpoint(checkpoint, task="tagging")
+    names = hf_label_names(model.labels, model.scheme)
+    label2id = {}
+    for i, t in enumerate(names):  # B-X and S-X share a name now: the first id stands for it
+        label2id.setdefault(t, i)
     hf = hf_task_model(AutoModelForTokenClassification, model.encoder, checkpoint, num_labels=len(model.labels),
-                       id2label=dict(enumerate(model.labels)), label2id={t: i for i, t in enumerate(model.labels)})
+                       id2label=dict(enumerate(names)), label2id=label2id)
     if not isinstance(getattr(hf, "classifier", None), nn.Linear):
         raise ConfigError(f"{type(hf).__name__} has no linear `classifier` layer to take the token head")
     if hf_prediction_head(hf) is not None and model.prediction_head is None:
@@ -205,6 +241,8 @@ def export_hf(checkpoint, out_dir) -> Path:
     hf.classifier.load_state_dict(model.classifier.state_dict())
     check_hf_parity(model, hf, tokenizer, checkpoint, exporting=True)  # any other difference in the task class
     out = Path(out_dir)
-    hf.save_pretrained(str(out), safe_serialization=True)
+    with quiet_transformers():  # no "Writing model shards" bar
+        hf.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
+    write_export_settings(out, cfg, EXPORTED_KEYS, {"labels": model.labels, "scheme": model.scheme})
     return out

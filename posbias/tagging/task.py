@@ -4,6 +4,9 @@ protocol.
 """
 from __future__ import annotations
 
+import argparse
+
+from .. import arguments as cli_args
 from ..config import resolve_path
 from ..errors import ConfigError, check_keywords
 from .config import TaggingConfig
@@ -19,7 +22,61 @@ class TaggingTask:
     hf_suffix = "ForTokenClassification"
     unit = "sentence"
     predict_inputs = ("text",)
+    cli_help = "token classification: NER, POS"
+    cli_commands = ("train", "evaluate", "predict", "diagnose", "score")
     improvement_rows = None  # an optional capability (`posbias.tasks.Task`) tagging does not have
+
+    def add_cli_arguments(self, command: str, parser) -> None:
+        """`posbias COMMAND tagging`'s own arguments (the CLI adds the shared ones: `posbias.cli`)."""
+        getattr(self, f"_{command}_arguments")(parser)
+
+    @staticmethod
+    def _train_arguments(p) -> None:
+        pass  # the config says everything
+
+    @staticmethod
+    def _evaluate_arguments(p) -> None:
+        p.add_argument("--data", required=True, help="CoNLL / CoNLL-U file (or several shards)")
+
+    @staticmethod
+    def _predict_arguments(p) -> None:
+        p.add_argument("--text", help="raw text: split into words, tagged, entities with character offsets")
+        p.add_argument("--data", help="tag every sentence of this CoNLL / CoNLL-U file instead")
+        p.add_argument("--output-dir", default=None, help="write predictions.conll and predictions.jsonl here")
+        cli_args.overrides_arg(p)
+        cli_args.task_options(p, "text")
+
+    @staticmethod
+    def _diagnose_arguments(p) -> None:
+        p.add_argument("--data", required=True, help="the test split (CoNLL / CoNLL-U) with gold tags")
+        p.add_argument("--output-dir", required=True, help="diagnosis.md/.html/.json and plots go here")
+        p.add_argument("--k-max", type=cli_args.positive_int, default=10,
+                       help="duplicate each sentence k = 1..K times (default 10)")
+        subset = p.add_mutually_exclusive_group()
+        subset.add_argument("--quantiles", type=cli_args.unit_float, nargs=2, action=cli_args.Ordered,
+                            default=argparse.SUPPRESS, metavar=("LOW", "HIGH"),
+                            help="D*: sentences whose length lies between these quantiles of the model's "
+                                 "data.length_pool (default: the quantiles the model trained on, its "
+                                 "data.length_quantiles, else Q1 Q3)")
+        subset.add_argument("--all-sentences", dest="quantiles", action="store_const", const=None,
+                            default=argparse.SUPPRESS, help="no length subset: evaluate every sentence that fits")
+        p.add_argument("--modes", nargs="+", default=["duplicate", "shift"], choices=["duplicate", "shift"],
+                       help="duplicate: each sentence k times in one input; shift: one copy whose position "
+                            "ids start where copy k would (default both)")
+        p.add_argument("--max-len", type=cli_args.positive_int, default=None,
+                       help="tokens per input (default: the model's position table)")
+        p.add_argument("--batch-tokens", type=cli_args.positive_int, default=16_384,
+                       help="padded tokens per forward batch")
+        cli_args.overrides_arg(p, "data overrides, e.g. data.format=conll data.tag=xpos")
+        cli_args.task_options(p, "k_max", "quantiles", "modes", "max_len", "batch_tokens", none_means=("quantiles",))
+
+    @staticmethod
+    def _score_arguments(p) -> None:
+        p.add_argument("--data", required=True, help="the gold CoNLL / CoNLL-U file")
+        p.add_argument("--predictions", required=True,
+                       help="CoNLL columns, one word per line: the word, then the predicted tag in the last column")
+        cli_args.conll_format_args(p)
+        cli_args.task_options(p, "format", "tag", "tag_column", "scheme")
 
     def load_tokenizer(self, cfg):
         from ..encoders import local_dir  # loads torch: `posbias.tagging` stays without it

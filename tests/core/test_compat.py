@@ -151,6 +151,7 @@ FROZEN_PRESETS = {
     'conll2003_dstar_minilm': 'dad4067d7583d7c8',
     'conll2003_minilm': '26b5210d263bf510',
     'demo': '25813d705e3becbb',
+    'quickstart': '6691a6321823f9ef',
     'squad_v1_minilm': 'de2aeab0f44902a2',
     'squad_v2_minilm': '0593469a6c02b42d',
     'tiny': '74e1b12bb6c22f69',

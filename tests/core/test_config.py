@@ -177,7 +177,7 @@ def test_eval_file_takes_a_list_of_shards_in_every_task():
     take a list now, read as shards of one set as train_file is (QA's reader always took a list)."""
     from posbias.tasks import get_task
 
-    from conftest import tiny_config
+    from helpers import tiny_config
 
     cfg = build_config(tiny_config(data={"eval_file": ["demo:dev", "demo:train"]}))
     sizes = [len(get_task("qa").read(spec, cfg).examples) for spec in cfg.data.eval_file]

@@ -116,7 +116,7 @@ def test_a_plugin_head_and_perturbation_train_and_evaluate_through_the_cli(plugi
     counts = json.loads((run / "position_updates.json").read_text(encoding="utf-8"))["counts"]
     assert counts[:5] == [0] * 5 and counts[5] == 2  # every token moved up by 5, [CLS] included, both steps
     ev = run_cli("evaluate", "qa", "--model", str(run / "best"), "--data", "demo:dev", "data.max_eval_examples=8",
-                 env=_cli_env(plugin_dir))
+                 "--json", env=_cli_env(plugin_dir))
     assert ev.returncode == 0, ev.stderr
     assert "f1" in json.loads(ev.stdout)
     bad = run_cli("train", "qa", "-c", str(path), "perturb=[{name: toy_constant_shift, ofset: 5}]",
@@ -202,3 +202,88 @@ def test_the_generic_collator_checks_options_by_name(bert_tok):
         PerturbationCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, "rpp", cap=3)
     with pytest.raises(ConfigError, match=r"unknown perturbation 'rp'; did you mean 'rpp'\?"):
         PerturbationCollator(DataCollatorForTokenClassification(bert_tok), model, bert_tok, "rp")
+
+
+TASK_PLUGIN = '''"""A posbias plug-in task: extractive QA under its own name, with a diagnosis of its own."""
+import sys
+from dataclasses import dataclass
+
+from posbias.arguments import task_options
+from posbias.qa.config import QAConfig
+from posbias.registry import TASKS
+
+
+@dataclass
+class ToyConfig(QAConfig):
+    task: str = "toy"
+
+
+class ToyTask:
+    """QA's members under another name; `read` and `diagnose` are its own."""
+
+    name = "toy"
+    config_class = ToyConfig
+    cli_help = "a toy task from a plug-in"
+    cli_commands = ("train", "diagnose")
+
+    def add_cli_arguments(self, command, parser):
+        if command == "diagnose":
+            parser.add_argument("--data", required=True, help="SQuAD JSON")
+            parser.add_argument("--output-dir", required=True, help="where the diagnosis goes")
+            parser.add_argument("--note", default="none", help="what the toy diagnosis says")
+            task_options(parser, "note")  # passed to its `diagnose` as a keyword
+
+    def read(self, spec, cfg):
+        print(f"toy task reads {spec}", file=sys.stderr)
+        return TASKS.get("qa").read(spec, cfg)
+
+    def diagnose(self, model, data, output_dir, *, overrides=None, progress=True, note="none", **common):
+        return {"verdict_lines": [f"toy diagnosis of {data}: {note}"]}
+
+    def __getattr__(self, member):  # every other member: QA's
+        if member.startswith("__"):
+            raise AttributeError(member)
+        return getattr(TASKS.get("qa"), member)
+
+
+TASKS.register("toy")(ToyTask())
+'''
+
+
+@pytest.fixture(scope="module")
+def task_plugin_dir(tmp_path_factory):
+    """An installed package declaring a task through the `posbias.plugins` entry point."""
+    d = tmp_path_factory.mktemp("task_plugin")
+    (d / "posbias_toy_task.py").write_text(TASK_PLUGIN, encoding="utf-8")
+    info = d / "posbias_toy_task-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: posbias-toy-task\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text("[posbias.plugins]\ntoy_task = posbias_toy_task\n", encoding="utf-8")
+    return d
+
+
+def test_a_plugin_task_runs_from_the_cli(task_plugin_dir, tmp_path):
+    import yaml
+
+    env = _cli_env(task_plugin_dir)
+    listed = run_cli("train", "--help", env=env)
+    assert listed.returncode == 0 and "toy" in listed.stdout and "a toy task from a plug-in" in listed.stdout
+    assert "toy" not in run_cli("train", "--help").stdout  # without the plug-in installed
+    options = run_cli("diagnose", "toy", "--help", env=env)
+    assert "--note NOTE" in options.stdout and "--model MODEL" in options.stdout  # the task's and the CLI's
+    assert "fewest questions a position bucket needs" in options.stdout  # the verdict's, in the task's unit
+
+    cfg = {**tiny_config(tmp_path, train={"max_steps": 2}), "task": "toy"}
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    r = run_cli("train", "toy", "-c", str(path), env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "toy task reads" in r.stderr  # the plug-in's own code read the data
+    run = tmp_path / "run"
+    assert f"next: posbias diagnose toy --model {run / 'best'}" in r.stdout
+    d = run_cli("diagnose", "toy", "--model", str(run / "best"), "--data", "demo:dev", "--output-dir",
+                str(tmp_path / "d"), "--note", "hello", env=env)
+    assert d.returncode == 0, d.stderr[-3000:]
+    assert d.stdout.strip() == "toy diagnosis of demo:dev: hello"
+    wrong = run_cli("train", "qa", "-c", str(path), env=env)
+    assert wrong.returncode == 2 and "`train qa` got a config for task 'toy'" in wrong.stderr

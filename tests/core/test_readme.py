@@ -1,6 +1,6 @@
 """Every Python snippet in README.md runs as written, with tiny stand-ins for what is heavy or remote:
-the SUBSTITUTIONS below (a Hub model id -> a tiny local BERT folder, the MiniLM `demo` preset -> the
-`tiny` one, step counts), and STAND_INS, the names a snippet leaves to the reader (your tokenized
+the SUBSTITUTIONS below (a Hub model id -> a tiny local BERT folder, the MiniLM `demo` and `quickstart`
+presets -> the `tiny` one, step counts), and STAND_INS, the names a snippet leaves to the reader (your tokenized
 data sets). A snippet that fails as written fails here."""
 import re
 import warnings
@@ -46,7 +46,8 @@ def test_readme_python_snippet_runs(i, tiny_bert, tmp_path, monkeypatch):
     sentences = [["Ana B-PER", "went O", "to O", "Oslo B-LOC"][:n] + ["today O"] * (n % 3) for n in range(1, 9)]
     conll.write_text("\n\n".join("\n".join(s) for s in sentences) + "\n", encoding="utf-8")  # D*: the middle lengths
     substitutions = {'"bert-base-cased"': repr(tiny_bert), '"test.conll"': repr(str(conll)),
-                     'posbias.train("demo"': 'posbias.train("tiny"', "max_steps=1000": "max_steps=2",
+                     'posbias.train("demo"': 'posbias.train("tiny"',
+                     'posbias.train("quickstart"': 'posbias.train("tiny"', "max_steps=1000": "max_steps=2",
                      "train.max_steps=50": "train.max_steps=2"}
     code = BLOCKS[i]
     for a, b in substitutions.items():

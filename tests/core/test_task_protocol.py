@@ -80,3 +80,29 @@ def test_the_api_reaches_a_new_task_through_the_protocol(monkeypatch, tmp_path):
     assert posbias.score("d.txt", __file__, task=task.name, flavour=1) == {"member": "score_files"}
     with pytest.raises(ConfigError, match="is a echo_test_task model, not a qa one"):
         posbias.evaluate("m", "d.txt", task="qa")
+
+
+def test_the_cli_names_no_task():
+    """The CLI's task sub-commands come from the registries (`Task.add_cli_arguments`): cli.py holds
+    no task's name and imports no task package, so a plug-in task gets `posbias train NAME` too."""
+    from posbias.registry import DIAGNOSES
+
+    tree = ast.parse((PACKAGE / "cli.py").read_text(encoding="utf-8"))
+    names = set(TASKS.names()) | set(DIAGNOSES.names())
+    named = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in names]
+    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                if (node.module or "").split(".")[0] in names]
+    assert named == [] and imported == []
+
+
+def test_every_cli_entry_adds_its_arguments_without_torch():
+    """Building the parser imports each task (and plug-in) and calls `add_cli_arguments`: a task's
+    module must keep torch out of its top-level imports."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from posbias import cli; cli.build_parser(); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -1,6 +1,7 @@
-"""posbias/training.py: what a resumable checkpoint keeps of a GPU run (the device's generator, the
-fp16 loss scaler), checked on the CPU with a stand-in accelerator; the real CUDA round trip is the
-`cuda` case of tests/gpu/test_cuda_paths.py::test_resume_on_device_ends_where_an_uninterrupted_run_ends."""
+"""posbias/train_state.py, as the training loop uses it: what a resumable checkpoint keeps of a GPU
+run (the device's generator, the fp16 loss scaler), checked on the CPU with a stand-in accelerator;
+the real CUDA round trip is the `cuda` case of
+tests/gpu/test_cuda_paths.py::test_resume_on_device_ends_where_an_uninterrupted_run_ends."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -9,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from posbias import training
+from posbias import train_state, training
 from posbias.train_state import load_state
 
 
@@ -38,7 +39,7 @@ def _save(tmp_path, monkeypatch, device_type: str, scaler=None):
     """_save_last with a stand-in accelerator on `device_type`; returns the checkpoint folder."""
     cuda_state = torch.arange(16, dtype=torch.uint8)
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=None: cuda_state.clone())
-    monkeypatch.setattr(training, "save_checkpoint", lambda *a, **k: None)  # the weights are not the point here
+    monkeypatch.setattr(train_state, "save_checkpoint", lambda *a, **k: None)  # the weights are not the point here
     acc = SimpleNamespace(device=torch.device(device_type), is_main_process=True, wait_for_everyone=lambda: None)
     if scaler is not None:
         acc.scaler = scaler
@@ -60,7 +61,7 @@ def test_resume_on_a_gpu_restores_the_device_generator_and_the_loss_scaler(tmp_p
     last = _save(tmp_path, monkeypatch, "cuda", scaler=_Scaler(scale=512.0, tracker=11))
     restored = {}
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device=None: restored.update(state=s, device=device))
-    monkeypatch.setattr(training, "_read_trainer_state", lambda path: {"global_step": 3})
+    monkeypatch.setattr(train_state, "read_trainer_state", lambda path: {"global_step": 3})
     model, optimizer, scheduler = _parts()
     save_file(model.state_dict(), str(last / training.WEIGHTS))
     scaler, state = _Scaler(), {}

@@ -95,6 +95,6 @@ def test_progress_in_a_log_file_is_plain_lines_and_quiet_silences_it(tmp_path):
     assert "\x1b[A" not in r.stderr and "\r" not in r.stderr  # no cursor moves, no carriage returns
     assert [l.split()[2] for l in r.stderr.splitlines() if l.startswith("train step")] == ["1/2", "2/2"]
     q = run_cli("--quiet", "train", "qa", "-c", "tiny", f"train.output_dir={tmp_path / 'b'}", "train.max_steps=2",
-                "train.log_every=1", "data.max_eval_examples=4")
+                "train.log_every=1", "data.max_eval_examples=4", "--json")
     assert q.returncode == 0 and "train step" not in q.stderr, q.stderr
     assert '"steps": 2' in q.stdout

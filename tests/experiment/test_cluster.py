@@ -1,6 +1,7 @@
 """A grid on a cluster or several GPUs: the jobs `--dry-run` prints take their run's lock and leave
 the store to `experiment collect` (which never trains and lists what is unfinished), submitit jobs
-(its local executor), and one lane per GPU (`--gpus`) on one store."""
+(its local executor), one lane per GPU (`--gpus`) on one store, and the lane scheduler under the
+lanes (`run_queue`: groups, exit codes, the deadline and the projection past it)."""
 import json
 import os
 import shlex
@@ -233,3 +234,60 @@ def test_gpu_lanes_train_on_their_gpus(tmp_path):
     for name in res["ran"]:
         info = json.loads((tmp_path / "exp" / "runs" / name / "run_info.json").read_text(encoding="utf-8"))
         assert info["hardware"]["device"].startswith("cuda"), info["hardware"]
+
+
+# -- the lane scheduler (run_queue), on plain Python commands -------------------------------------
+
+def _job(name, code="", group=0, **kw):
+    return cluster.LaneJob(name, [sys.executable, "-c", code], group=group, env=ENV, **kw)
+
+
+def _steps(total, n, pause):
+    """A stand-in for a training run: run_info.json's total_steps, then `n` steps logged `pause` apart."""
+    return ("import json, pathlib, sys, time\nd = pathlib.Path(sys.argv[1]); d.mkdir(parents=True, exist_ok=True)\n"
+            f"(d / 'run_info.json').write_text(json.dumps({{'total_steps': {total}}}))\n"
+            f"for i in range(1, {n} + 1):\n"
+            "    with open(d / 'train_log.jsonl', 'a') as f: f.write(json.dumps({'step': i}) + '\\n')\n"
+            f"    time.sleep({pause})\n")
+
+
+def test_run_family_times_a_queued_run():
+    assert cluster.family("n128/mean/seed1") == "n128" and cluster.family("baseline/seed1") == ""
+    assert cluster.expected_seconds({}, "n16/mean/seed1") is None
+    assert cluster.expected_seconds({"n16": 150.0, "full": 480.0}, "n1024/max/seed2") == 150.0
+    assert cluster.last_step(None) == (0, None)
+
+
+def test_run_queue_starts_a_group_whole_and_reports_each_exit(tmp_path, capsys):
+    """Two lanes: group 0 (two jobs) fills them; group 1 starts once a lane is free. Output goes to a
+    job's log file, or to stderr behind its prefix; a failed job is reported with its exit code."""
+    jobs = [_job("a", "print('to the log')", log=tmp_path / "a.log"),
+            _job("b", "import sys; print('piped'); sys.exit(3)", prefix="[b] "),
+            _job("c", "pass", group=1)]
+    res = cluster.run_queue(jobs, lanes=2, poll=0.05)
+    starts = [e.split("] ", 1)[1] for e in res["events"] if e.split("] ", 1)[1].startswith("start")]
+    assert starts == ["start a", "start b", "start c"]
+    assert {n: (r["outcome"], r["returncode"]) for n, r in res["runs"].items()} == {
+        "a": ("finished", 0), "b": ("failed rc=3", 3), "c": ("finished", 0)}
+    assert res["not_started"] == [] and (tmp_path / "a.log").read_text().strip() == "to the log"
+    assert "[b] piped" in capsys.readouterr().err
+
+
+def test_run_queue_stops_what_the_deadline_cuts_off(tmp_path):
+    jobs = [_job("slow", "import time; time.sleep(60)"), _job("next", "pass", group=1)]
+    res = cluster.run_queue(jobs, lanes=1, deadline_s=1.0, poll=0.1)
+    assert res["runs"]["slow"]["outcome"] == "stopped at the deadline" and res["not_started"] == ["next"]
+    assert res["wall_s"] < 30
+
+
+def test_run_queue_stops_the_lowest_group_projected_past_the_deadline(tmp_path):
+    """Group 1's run would take hours at its measured rate: it is stopped; group 0's (5 s) finishes."""
+    quick, slow = tmp_path / "quick", tmp_path / "slow"
+    jobs = [cluster.LaneJob("quick", [sys.executable, "-c", _steps(100, 100, 0.05), str(quick)], env=ENV,
+                            run_dir=quick),
+            cluster.LaneJob("slow", [sys.executable, "-c", _steps(10**6, 10**6, 0.05), str(slow)], group=1, env=ENV,
+                            run_dir=slow, new_session=True)]
+    res = cluster.run_queue(jobs, lanes=2, deadline_s=60, tail=0, observe=0.3, poll=0.1)
+    assert res["runs"]["slow"]["outcome"] == "stopped: projected past the deadline"
+    assert res["runs"]["quick"]["outcome"] == "finished" and res["runs"]["quick"]["last_step"] == 100
+    assert 0 < res["runs"]["slow"]["last_step"] < 10**6 and res["runs"]["slow"]["total_steps"] == 10**6

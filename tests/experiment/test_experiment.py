@@ -555,9 +555,14 @@ def test_only_runs_the_matching_runs(tmp_path):
     assert len(r.stdout.strip().splitlines()) == 2
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "bench").glob("*.yaml")), ids=lambda p: p.stem)
+_REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("path", sorted([*_REPO.glob("benchmarks/*.yaml"), *_REPO.glob("reproductions/*/*.yaml")]),
+                         ids=lambda p: p.stem)
 def test_benchmark_specs_expand(path):
-    """The reproduction specs under bench/ are valid (their data files are built by the bench scripts)."""
+    """The specs under benchmarks/ and reproductions/<paper>/ are valid (their data files are built by
+    the scripts beside them)."""
     spec = yaml.safe_load(path.read_text(encoding="utf-8"))
     if "methods" not in spec:
         pytest.skip("not an experiment spec")

@@ -1,6 +1,6 @@
 """The GPU check's plumbing, testable without a GPU: the `gpu` marker, the `device` fixture's cases,
-and `bench/gpu/gpu_check.py` / `make gpu-check` saying "skipped" (exit 0) where torch sees no GPU.
-The smoke grid itself runs on the CPU with `python bench/gpu/gpu_check.py --device cpu` (minutes)."""
+and `tools/gpu/gpu_check.py` / `make gpu-check` saying "skipped" (exit 0) where torch sees no GPU.
+The smoke grid itself runs on the CPU with `python tools/gpu/gpu_check.py --device cpu` (minutes)."""
 import os
 import shutil
 import subprocess
@@ -32,7 +32,7 @@ def test_auto_resolves_to_the_cpu_outside_device_tests():
 
 def test_gpu_check_without_cuda_says_skipped_and_exits_0(tmp_path):
     env = {**os.environ, **CPU_ONLY_ENV}  # torch sees no GPU, on any machine
-    r = subprocess.run([sys.executable, str(REPO / "bench" / "gpu" / "gpu_check.py"), "--out", str(tmp_path / "gc")],
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "gpu" / "gpu_check.py"), "--out", str(tmp_path / "gc")],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == SKIPPED, (r.stdout, r.stderr[-2000:])
     assert not (tmp_path / "gc").exists()
@@ -48,11 +48,11 @@ def test_make_gpu_check_without_cuda_says_skipped_and_exits_0():
 
 
 def _gpu_check():
-    """bench/gpu/gpu_check.py as a module (bench/ is no package)."""
+    """tools/gpu/gpu_check.py as a module (tools/ is no package)."""
     import importlib.util
 
     if "gpu_check" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu" / "gpu_check.py")
+        spec = importlib.util.spec_from_file_location("gpu_check", REPO / "tools" / "gpu" / "gpu_check.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules["gpu_check"] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)

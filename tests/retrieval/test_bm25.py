@@ -112,3 +112,17 @@ def test_importing_posbias_does_not_import_bm25s():
     code = "import sys, posbias, posbias.retrieval.bm25; assert 'bm25s' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_missing_bm25s_is_refused_before_any_model_is_loaded(tmp_path):
+    """`diagnose retrieval` names the extra in one line, exit 2, before loading the model or embedding
+    anything (the bundled MiniLM would otherwise embed the demo set first)."""
+    code = ("import sys; sys.modules['bm25s'] = None; from posbias.cli import main; "
+            "import posbias.retrieval.diagnose as D; D.load_embedder = None; "  # a load would be a TypeError
+            "sys.exit(main(['diagnose', 'retrieval', '--model', 'minilm', "
+            f"'--data', 'demo:dev', '--output-dir', {str(tmp_path / 'o')!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and 'pip install "posbias[retrieval]"' in err[0] and "--no-bm25" in err[0], err
+    assert not (tmp_path / "o").exists()

@@ -168,3 +168,42 @@ def test_the_cli_diagnoses_retrieval(tmp_path, encoder_folders):
     assert "retrieval" in r.stdout and "report:" in r.stdout
     res = json.loads((tmp_path / "o" / "diagnosis.json").read_text(encoding="utf-8"))
     assert res["questions"] == 40 and res["methods"] == ["dense", "chunks"] and res["paired"] is None
+
+
+def test_loading_a_folder_with_an_unexpected_weight_prints_no_library_report(tmp_path, encoder_folders, capfd):
+    """transformers' "LOAD REPORT ... UNEXPECTED" table and its progress bar stay silent for posbias's
+    own load, and the library's logging state is the same after it."""
+    from safetensors.torch import load_file, save_file
+    from transformers.utils import logging as hf_logging
+
+    from posbias.retrieval.embed import load_embedder
+
+    _, st = encoder_folders
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    for f in st.rglob("*"):
+        if f.is_file():
+            (stray / f.relative_to(st)).parent.mkdir(parents=True, exist_ok=True)
+            (stray / f.relative_to(st)).write_bytes(f.read_bytes())
+    weights = load_file(stray / "model.safetensors")
+    weights["stray.weight"] = torch.zeros(2)  # a key BertModel does not have: UNEXPECTED in the report
+    save_file(weights, stray / "model.safetensors", metadata={"format": "pt"})
+    before = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    capfd.readouterr()
+    embedder = load_embedder(str(stray), device="cpu", precision="fp32")
+    out, err = capfd.readouterr()
+    assert embedder.kind == "sentence-transformers"
+    assert "LOAD REPORT" not in out + err and "UNEXPECTED" not in out + err and "Loading weights" not in err
+    assert (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()) == before
+
+
+def test_the_retrieval_report_names_model_and_data_and_warns_above_its_tables(tmp_path):
+    res = run(WordBag(first=25), tmp_path, "r", max_queries=60, paired=False, bootstrap_samples=0,
+              quality_floor=100.0)  # no model reaches it: the warning shows
+    assert res["quality"]["below"] and "on demo:dev (retrieval)" in res["verdict_lines"][0]
+    md = (tmp_path / "r" / "diagnosis.md").read_text(encoding="utf-8")
+    lines = md.splitlines()
+    assert lines[0] == "# Position diagnosis of bag(first=25) on demo:dev (retrieval)"
+    assert str(resolve_path("demo:dev")) not in md and "- data: demo:dev: 60 answerable questions" in md
+    warning = next(i for i, x in enumerate(lines) if x.startswith("> **Warning:** overall NDCG@10"))
+    assert warning < next(i for i, x in enumerate(lines) if x.startswith("| axis |"))

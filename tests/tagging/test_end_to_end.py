@@ -22,7 +22,7 @@ def trained(tmp_path_factory):
     """`posbias train tagging -c tiny_tagging` on the bundled WNUT-17 slice, through the CLI."""
     out = tmp_path_factory.mktemp("tagging") / "run"
     r = run_cli("train", "tagging", "-c", "tiny_tagging", f"train.output_dir={out}", "train.max_steps=6",
-                "train.eval_every=3", "data.max_eval_examples=60")
+                "train.eval_every=3", "data.max_eval_examples=60", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     return out, json.loads(r.stdout)
 
@@ -56,7 +56,7 @@ def test_train_writes_its_files(trained):
 def test_evaluate_score_and_predict(trained, tmp_path):
     run, summary = trained
     r = run_cli("evaluate", "tagging", "--model", str(run / "best"), "--data", "demo:wnut-dev",
-                "--output-dir", str(tmp_path / "ev"))
+                "--output-dir", str(tmp_path / "ev"), "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout)
     assert res["sentences"] == 150 and {"precision", "recall", "f1", "per_class"} <= set(res)

@@ -1,0 +1,46 @@
+"""`posbias diagnose retrieval`: its place on the command line. Retrieval is a diagnosis, not a
+training task (`posbias.tasks.Task`): an embedding model ranking passages; it is registered in
+`posbias.registry.DIAGNOSES` and adds its whole sub-parser. The CLI passes the parsed options to
+`posbias.api.diagnose(..., task="retrieval")`."""
+from __future__ import annotations
+
+from .. import arguments as cli_args
+from ..registry import DIAGNOSES
+
+
+class RetrievalDiagnosis:
+    name = "retrieval"
+    cli_help = "sentence-embedding retrievers ranking passages"
+    cli_commands = ("diagnose",)
+
+    def add_cli_arguments(self, command: str, p) -> None:
+        """`posbias diagnose retrieval`'s arguments, all of them (it has no config to override)."""
+        cli_args.model_arg(p, "sentence-transformers folder, plain Hugging Face encoder folder (mean pooling), "
+                              "`minilm` or a cached Hub id")
+        p.add_argument("--data", required=True, help="SQuAD JSON(.gz) or MRQA JSONL(.gz): questions with located "
+                                                      "answers")
+        p.add_argument("--output-dir", required=True, help="diagnosis.md/.html/.json, ranks.json and plots go here")
+        p.add_argument("--no-bm25", dest="bm25", action="store_false", help="leave out the BM25 baseline")
+        p.add_argument("--no-chunks", dest="chunks", action="store_false",
+                       help="leave out best-chunk (max-sim) scoring")
+        p.add_argument("--chunk-tokens", type=cli_args.positive_int, default=128,
+                       help="tokens per chunk for max-sim (default 128)")
+        p.add_argument("--no-paired", dest="paired", action="store_false",
+                       help="leave out the paired start/middle/end documents")
+        p.add_argument("--max-length", type=cli_args.positive_int, default=None,
+                       help="tokens the model reads per text (default: the model's own, e.g. max_seq_length)")
+        p.add_argument("--batch-size", type=cli_args.positive_int, default=64,
+                       help="texts per forward batch (default 64)")
+        p.add_argument("--max-queries", type=cli_args.positive_int, default=None,
+                       help="the first N questions of the file only")
+        p.add_argument("--cache-dir", default=None, help="keep embeddings here (safetensors) for the next run")
+        p.add_argument("--seed", type=cli_args.integer, default=0, help="the paired variant's filler order (default 0)")
+        cli_args.verdict_args(p, "questions")
+        p.add_argument("--device", default="auto", help=cli_args.DEVICE_HELP)
+        p.add_argument("--precision", default="auto", choices=cli_args.PRECISIONS,
+                       help="auto (default): bf16 where the hardware computes it natively, else fp32")
+        cli_args.task_options(p, "bm25", "chunks", "chunk_tokens", "paired", "max_length", "batch_size",
+                              "max_queries", "cache_dir", "seed", "device", "precision")
+
+
+DIAGNOSES.register("retrieval")(RetrievalDiagnosis())

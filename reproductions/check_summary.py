@@ -1,0 +1,238 @@
+"""Check the reproductions' summary (reproductions/summary.yaml) against the archived records: every
+number a summary row prints that summary.yaml ties to a store is recomputed from that store's
+`experiment.sqlite` (`posbias.experiment.aggregation`) and must read the same, to the digits printed;
+the row's text (its short and full cells, in summary.yaml itself) must print it; its verdict must be
+one of the defined words; and a row whose numbers have no store must say so (`unchecked`, with the
+reason), so that no number without a record lands unnoticed.
+
+    python reproductions/check_summary.py [--summary reproductions/summary.yaml] [--page PAGE.md]
+
+`--page`: a Markdown page with a summary table (paper | claim | ours | verdict | ...), such as a built
+results/index.md; each of its rows must be a summary.yaml row. Exit code 0 when everything checks,
+1 with one line per problem.
+
+summary.yaml:
+    verdicts: {word: definition, ...}     # the only verdict words a summary row may start with
+    papers: {key: {name, title, about, specs}, ...}   # one results page each
+    rows:
+      - claim: "MaP_E > InD"              # a piece of the row's short claim cell, unique: the row's name
+        paper: map                        # a key of `papers`
+        verdict: partly                   # the row's verdict cells start with it
+        short: {claim: ..., ours: ..., verdict: ...}   # the summary table's cells
+        full: {claim: ..., ours: ..., verdict: ...}    # the row in full
+        regime: ...                       # model, data, budget, seeds the verdict covers
+        rerun: ["posbias experiment run ...", ...]
+        experiments: [map_squad, ...]     # folders under docs/experiments/ (or diagnoses/NAME)
+        checks:                           # numbers recomputed from a store
+          - {store: docs/experiments/map_squad, eval_set: test, metric: EM, method: map_e,
+             stat: delta, text: "+1.30"}
+        unchecked: ["29.6 vs 65.3: ..."]    # numbers the row prints that are not recomputed here, and why
+A check of an archived diagnosis (`posbias diagnose ... --output-dir`, copied into the repository)
+instead: {diagnosis: docs/diagnoses/NAME, key: "axes > dense: answer character > effect", text: "1.87"}.
+A check's `stat`: mean, std, delta (method − baseline, paired by seed), p (t-test over seeds),
+p_holm (Holm-adjusted over the store's report table), ci_low/ci_high (t-interval over seeds).
+Optional keys: dataset (the store's data set name), baseline (another method than the spec's),
+only (shell patterns of run names, as `experiment report --only`). The value is formatted with the
+digits `text` shows; a leading + is kept, and "−" (U+2212) reads as "-".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from posbias.experiment.aggregation import aggregate, load_results  # noqa: E402
+
+STATS = ("mean", "std", "delta", "p", "p_holm", "ci_low", "ci_high")
+
+
+@lru_cache(maxsize=None)
+def _rows(store: str, baseline: str | None, only: tuple[str, ...] | None) -> list[dict]:
+    results = load_results(ROOT / store, baseline=baseline, only=list(only) if only else None)
+    return aggregate(results, bootstrap_samples=0)  # the t-tests only: bootstraps are not in the checks
+
+
+def value(check: dict) -> float:
+    """The number `check` asks for, recomputed from its store (or read from its archived diagnosis)."""
+    if "diagnosis" in check:
+        return _diagnosis_value(check)
+    only = tuple(check["only"]) if check.get("only") else None
+    rows = [r for r in _rows(check["store"], check.get("baseline"), only)
+            if r["eval_set"] == check["eval_set"] and r["metric"] == check["metric"]
+            and r["method"] == check["method"] and r["dataset"] == check.get("dataset")]
+    if len(rows) != 1:
+        raise LookupError(f"{len(rows)} report rows for {_where(check)}")
+    r = rows[0]
+    stat = check["stat"]
+    if stat in ("mean", "std"):
+        return r[stat]
+    if "ttest" not in r:
+        raise LookupError(f"no comparison to a baseline for {_where(check)}")
+    return r["ttest"]["diff" if stat == "delta" else stat]
+
+
+@lru_cache(maxsize=None)
+def _diagnosis(path: str) -> dict:
+    return json.loads((ROOT / path / "diagnosis.json").read_text(encoding="utf-8"))
+
+
+def _diagnosis_value(check: dict) -> float:
+    """A number of an archived `posbias diagnose` output: `key` is a path of keys (and list indices)
+    into its diagnosis.json, joined by " > "."""
+    x = _diagnosis(check["diagnosis"])
+    for part in check["key"].split(" > "):
+        if isinstance(x, list):
+            x = x[int(part)]
+        elif isinstance(x, dict) and part in x:
+            x = x[part]
+        else:
+            raise LookupError(f"{check['diagnosis']}/diagnosis.json has no {check['key']!r} ({part!r})")
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise LookupError(f"{check['diagnosis']}/diagnosis.json {check['key']!r} is not a number")
+    return float(x)
+
+
+def _where(check: dict) -> str:
+    if "diagnosis" in check:
+        return f"{check['diagnosis']}/diagnosis.json {check['key']}"
+    parts = [check["store"], check.get("dataset"), check["eval_set"], check["metric"], check["method"]]
+    return "/".join(str(p) for p in parts if p is not None) + (f" vs {check['baseline']}" if check.get("baseline") else "")
+
+
+_NUMBER = re.compile(r"(?<![\w.])([+\-−]?)(<?)(\d+(?:\.(\d+))?)(?![\w(])")
+
+
+def formatted(x: float, text: str) -> str:
+    """`x` written as `text` writes its number: the same digits after the point, a sign where `text`
+    has one (− or +), `<0.001` kept for p-values below it."""
+    found = list(_NUMBER.finditer(text))  # the last number: "k = 5 −11.87" checks −11.87
+    if not found:
+        raise ValueError(f"no number in {text!r}")
+    m = found[-1]
+    sign, less, _, frac = m.groups()
+    if less:
+        bound = float(m.group(3))
+        return f"<{m.group(3)}" if x < bound else f"{x:.{len(m.group(3).split('.')[-1])}f}"
+    digits = len(frac) if frac else 0
+    out = f"{abs(x):.{digits}f}"
+    if x < 0 and float(out) != 0:
+        out = ("-" if sign == "-" else "−") + out  # the rows write U+2212
+    elif sign == "+":
+        out = "+" + out
+    return out
+
+
+CELLS = ("claim", "ours", "verdict")
+
+
+def summary_rows(summary: dict) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """(claim cell, whole row, verdict cell) of each summary.yaml row's short cells and of its full
+    text; a row without them gives empty strings."""
+    def cells(row, part):
+        c = row.get(part) or {}
+        texts = [str(c.get(k) or "") for k in CELLS]
+        return texts[0], " | ".join(texts), texts[2]
+
+    return [cells(r, "short") for r in summary["rows"]], [cells(r, "full") for r in summary["rows"]]
+
+
+def table_rows(page: str) -> list[tuple[str, str, str]]:
+    """(claim cell, whole row, verdict cell) of each row of the Markdown summary tables in `page`
+    (columns paper | claim | ours | verdict | ...)."""
+    out = []
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        header = cells[0] == "paper" or (cells[0] and set(cells[0]) <= {"-", ":"})  # the header or its rule
+        if not line.startswith("|") or len(cells) < 5 or header:
+            continue
+        out.append((cells[1], line, cells[3]))
+    return out
+
+
+def check(summary: dict, page: str | None = None) -> list[str]:
+    """The problems found, one line each. `page`: a Markdown page whose summary table's rows must
+    all be summary.yaml's (none: summary.yaml alone)."""
+    problems = []
+    words = sorted(summary["verdicts"], key=len, reverse=True)
+    papers = summary.get("papers") or {}
+    short_table, full_table = summary_rows(summary)
+    for row, short, full in zip(summary["rows"], short_table, full_table):
+        claim = row["claim"]
+        if row.get("paper") not in papers:
+            problems.append(f"{claim!r}: paper {row.get('paper')!r} is not one of summary.yaml's papers")
+        same = [r["claim"] for r in summary["rows"] if claim in (r.get("short") or {}).get("claim", "")]
+        if claim not in short[0]:
+            problems.append(f"{claim!r}: the row's short claim cell does not contain its claim")
+        elif len(same) != 1:
+            problems.append(f"{claim!r}: {len(same)} rows of the summary's short table have this claim")
+        for part in ("short", "full"):
+            missing = [k for k in CELLS if not (row.get(part) or {}).get(k)]
+            if missing:
+                problems.append(f"{claim!r}: no {part} {', '.join(missing)} text")
+        if not row.get("regime"):
+            problems.append(f"{claim!r}: no regime")
+        if not row.get("rerun"):
+            problems.append(f"{claim!r}: no rerun commands")
+        lines = [short, full]
+        verdict = short[2]
+        if row.get("verdict") not in summary["verdicts"]:
+            problems.append(f"{claim!r}: verdict {row.get('verdict')!r} in summary.yaml is not one of the defined words")
+        for _, _, v in lines:
+            if not any(v.startswith(w) for w in words):
+                problems.append(f"{claim!r}: verdict cell {v[:60]!r} does not start with a defined word")
+            elif not v.startswith(str(row.get("verdict"))):
+                problems.append(f"{claim!r}: verdict cell {v[:60]!r} is not summary.yaml's {row.get('verdict')!r}")
+        if verdict.startswith("does not reproduce") and "(at this regime:" not in verdict:
+            problems.append(f"{claim!r}: 'does not reproduce' without '(at this regime: …)'")
+        printed = " ".join(line for _, line, _ in lines)
+        for c in row.get("checks") or []:
+            try:
+                got = formatted(value(c), c["text"])
+            except (LookupError, ValueError, OSError) as e:
+                problems.append(f"{claim!r}: {c['text']!r}: {e}")
+                continue
+            want = list(_NUMBER.finditer(c["text"]))[-1].group(0)
+            if got != want:
+                problems.append(f"{claim!r}: {c['text']!r} printed, the record gives {got} ({_where(c)} {c.get('stat', '')})")
+            if c["text"] not in printed:
+                problems.append(f"{claim!r}: {c['text']!r} is checked but the summary row does not print it")
+        if not row.get("checks") and not row.get("unchecked"):
+            problems.append(f"{claim!r}: neither checks nor unchecked numbers")
+    for key in papers:
+        if not any(r.get("paper") == key for r in summary["rows"]):
+            problems.append(f"paper {key!r} has no row")
+    if page is not None:
+        listed = {r["claim"] for r in summary["rows"]}
+        for c, _, _ in table_rows(page):  # every row of the page's table must be in summary.yaml
+            if not any(claim in c for claim in listed):
+                problems.append(f"summary row {c[:60]!r} is not in summary.yaml")
+    return problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--summary", default=str(ROOT / "reproductions" / "summary.yaml"))
+    ap.add_argument("--page", help="also check that every row of this Markdown page's summary table is in summary.yaml")
+    args = ap.parse_args(argv)
+    summary = yaml.safe_load(Path(args.summary).read_text(encoding="utf-8"))
+    page = Path(args.page).read_text(encoding="utf-8") if args.page else None
+    problems = check(summary, page)
+    for p in problems:
+        print(p)
+    n_checks = sum(len(r.get("checks") or []) for r in summary["rows"])
+    n_unchecked = sum(len(r.get("unchecked") or []) for r in summary["rows"])
+    print(f"{len(summary['rows'])} rows, {n_checks} numbers recomputed from their stores, {n_unchecked} not "
+          f"recomputed (listed with the reason in summary.yaml): {'ok' if not problems else f'{len(problems)} problem(s)'}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""The Results pages of the documentation site, generated from reproductions/summary.yaml (the rows of
+claims, their verdicts, regimes and re-run commands), the archived stores under docs/experiments/
+(runs, methods and seeds of each experiment) and each paper's hand-written reproductions/<paper>/DETAILS.md.
+
+    python reproductions/results_pages.py --out DIR     # writes DIR/results/<page>.md
+
+The site's build hook calls `pages()`; the generated pages are not committed (docs/results/ holds only
+the hand-written performance.md). reproductions/check_summary.py checks every number the rows print.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sqlite3
+import sys
+import textwrap
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SUMMARY = ROOT / "reproductions" / "summary.yaml"
+EXPERIMENTS = ROOT / "docs" / "experiments"
+
+# A paper's page name (a key of summary.yaml's `papers`) -> its folder under reproductions/.
+FOLDERS = {"random-padding": "random_padding", "map": "map", "token-positional-bias": "token_positional_bias",
+           "dyref": "dyref", "first-sentence": "first_sentence", "retrieval": "retrieval"}
+
+
+def load_summary(path: Path = SUMMARY) -> dict:
+    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+
+
+def slug(text: str) -> str:
+    """A stable anchor for a row's heading (set explicitly, so links do not depend on the toc's slugs)."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower().replace("*", "star").replace(">", " over ")).strip("-")
+
+
+def pages(summary: dict | None = None) -> dict[str, str]:
+    """Every Results page but performance.md: "results/<page>.md" -> Markdown."""
+    summary = summary if summary is not None else load_summary()
+    out = {"results/index.md": index_page(summary)}
+    for key in summary["papers"]:
+        out[f"results/{key}.md"] = paper_page(summary, key)
+    return out
+
+
+def _wrap(text: str, first: str = "", indent: str = "") -> str:
+    """`text` as Markdown lines of at most ~100 characters: `first` before the first line (a list
+    marker), `indent` before the others."""
+    return "\n".join(textwrap.wrap(" ".join(str(text).split()), width=100, initial_indent=first,
+                                   subsequent_indent=indent or " " * len(first),
+                                   break_long_words=False, break_on_hyphens=False))
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def summary_table(summary: dict, rows: list[dict], link: bool = True) -> str:
+    """The summary table (paper | claim | ours | verdict | detail) of `rows`, in reproductions/check_summary.py's
+    table format; the detail cell links to the row on its paper's page (`link`) or on this page, where the
+    paper column is left out."""
+    lines = ["| paper | claim (paper's number) | ours (number, seeds, model) | verdict | detail |",
+             "|---|---|---|---|---|"]
+    last = None
+    for row in rows:
+        paper = row["paper"]
+        name = summary["papers"][paper]["name"] if paper != last else ""
+        last = paper
+        target = f"{paper}.md#{slug(row['claim'])}" if link else f"#{slug(row['claim'])}"
+        s = row["short"]
+        lines.append(f"| {_cell(name)} | {_cell(s['claim'])} | {_cell(s['ours'])} | {_cell(s['verdict'])} "
+                     f"| [in full]({target}) |")
+    if not link:  # one paper's page: no paper column
+        lines = ["|" + line.split("|", 2)[2] for line in lines]
+        lines[0] = lines[0].replace("| detail |", "| |")
+    return "\n".join(lines) + "\n"
+
+
+def _counts(summary: dict) -> tuple[int, int]:
+    rows = summary["rows"]
+    return sum(len(r.get("checks") or []) for r in rows), sum(len(r.get("unchecked") or []) for r in rows)
+
+
+def index_page(summary: dict) -> str:
+    n_checks, n_unchecked = _counts(summary)
+    verdicts = "\n".join(_wrap(f"**{word}**: {text}", "- ") for word, text in summary["verdicts"].items())
+    findings = "\n".join(_wrap(text, "- ") for text in summary.get("findings") or [])
+    papers = "\n".join(f"- [{p['name']}]({key}.md): {p['title']}" for key, p in summary["papers"].items())
+    return f"""# Results
+
+What reproduces of the papers whose methods posbias implements: one row per claimed effect, with the
+paper's number, ours, and a verdict. Runs use MiniLM-L6 on a 2-core CPU unless a row says otherwise. A
+short cell's p value is the t-test over seeds; each paper's page has every row in full, with the paired
+bootstrap over questions or sentences beside it ("p a / b": t-test over seeds / bootstrap), the regime
+the verdict covers, the commands that re-run it, and the details of every experiment.
+
+Speed and memory are on their own page: [Performance](performance.md).
+
+## The papers
+
+{papers}
+
+## Verdicts
+
+Four words, each with one definition:
+
+{verdicts}
+
+## Summary: what reproduces
+
+{summary_table(summary, summary["rows"])}
+{findings}
+
+## How the numbers are checked
+
+The rows live in `reproductions/summary.yaml`, beside the records each number comes from.
+`python reproductions/check_summary.py` recomputes {n_checks} numbers the rows print from the archived
+experiment stores (`docs/experiments/NAME/experiment.sqlite`) and diagnoses (`docs/diagnoses/NAME/diagnosis.json`),
+checks that each row prints them to the digits shown and that each verdict is one of the four words, and
+lists the {n_unchecked} entries it does not recompute, each with the reason (shown under each row on the
+paper's page). The pages here are generated from that file and the stores when the site is built.
+"""
+
+
+def paper_page(summary: dict, key: str) -> str:
+    paper = summary["papers"][key]
+    rows = [r for r in summary["rows"] if r["paper"] == key]
+    parts = [f"# {paper['name']}\n",
+             f"*{paper['title']}*\n",
+             _wrap(paper["about"]) + "\n",
+             f"Specs and scripts: `{paper['specs']}`. The verdict words are defined on [Results](index.md#verdicts); "
+             "runs use MiniLM-L6 on a 2-core CPU unless a row says otherwise.\n",
+             "## Claims\n",
+             summary_table(summary, rows, link=False)]
+    for row in rows:
+        parts.append(row_section(row))
+    names = []
+    for row in rows:
+        names += [n for n in row.get("experiments") or [] if n not in names]
+    parts += ["## Experiments\n", experiments_table(names)]
+    details = details_text(key)
+    if details:
+        parts += ["## Details\n", details]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def row_section(row: dict) -> str:
+    full = row["full"]
+    rerun = "\n".join(row.get("rerun") or [])
+    checks = row.get("checks") or []
+    stores = sorted({c.get("store") or c.get("diagnosis") for c in checks})
+    checked = (f"{len(checks)} numbers of this row are recomputed from "
+               + ", ".join(f"`{s}`" for s in stores) + " by `python reproductions/check_summary.py`."
+               if checks else "No number of this row is recomputed from a store.")
+    unchecked = row.get("unchecked") or []
+    note = ['??? note "How this row\'s numbers are checked"', _wrap(checked, "    ")]
+    if unchecked:
+        note += ["", "    Not recomputed, and why:", ""] + [_wrap(u, "    - ", "      ") for u in unchecked]
+    return "\n".join([
+        f"## {row['claim']} {{#{slug(row['claim'])}}}\n",
+        _wrap(f"**Verdict: {full['verdict']}**") + "\n",
+        _wrap(f"**The paper:** {full['claim']}", "- ", "  "),
+        _wrap(f"**Ours:** {full['ours']}", "- ", "  "),
+        _wrap(f"**Regime:** {row['regime']}", "- ", "  ") + "\n",
+        "Re-run:\n",
+        "```bash",
+        rerun,
+        "```\n",
+        "\n".join(note) + "\n",
+    ])
+
+
+def store_facts(name: str) -> dict:
+    """Runs, methods, seeds and data sets of an archived experiment, read from its experiment.sqlite
+    (read-only); a folder archived as report.md only, or a diagnosis, says so."""
+    if name.startswith("diagnoses/"):
+        path = ROOT / "docs" / name
+        facts = {"kind": "diagnosis", "report": f"docs/{name}/diagnosis.md"}
+        info = path / "run_info.json"
+        if info.exists():
+            facts["run_info"] = json.loads(info.read_text(encoding="utf-8"))
+        return facts
+    folder = EXPERIMENTS / name
+    facts = {"kind": "store", "report": f"docs/experiments/{name}/report.md"}
+    db = folder / "experiment.sqlite"
+    if not db.exists():
+        facts["kind"] = "report only"
+        return facts
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        runs = con.execute("SELECT method, seed, dataset, status FROM runs").fetchall()
+    finally:
+        con.close()
+    facts["runs"] = len(runs)
+    facts["finished"] = sum(1 for r in runs if r[3] == "finished")
+    facts["methods"] = sorted({r[0] for r in runs})
+    facts["seeds"] = sorted({r[1] for r in runs if r[1] is not None})
+    facts["datasets"] = sorted({r[2] for r in runs if r[2]})
+    return facts
+
+
+def experiments_table(names: list[str]) -> str:
+    lines = ["| experiment | runs | methods | seeds | data sets | report |", "|---|---|---|---|---|---|"]
+    for name in names:
+        f = store_facts(name)
+        if f["kind"] == "store":
+            runs = f"{f['runs']}" + ("" if f["finished"] == f["runs"] else f" ({f['finished']} finished)")
+            lines.append(f"| `{name}` | {runs} | {', '.join(f['methods'])} | {', '.join(map(str, f['seeds']))} "
+                         f"| {', '.join(f['datasets']) or '–'} | `{f['report']}` |")
+        elif f["kind"] == "diagnosis":
+            lines.append(f"| `{name}` | one diagnosis | – | – | – | `{f['report']}` |")
+        else:
+            lines.append(f"| `{name}` | archived as report only | – | – | – | `{f['report']}` |")
+    return ("\n".join(lines) + "\n\n" + _wrap(
+        "The folders are in the repository, not on this site. Each holds the experiment's spec "
+        "(`experiment.yaml`) and report, and, unless archived as a report only, its store "
+        "(`experiment.sqlite`), from which `posbias experiment report docs/experiments/NAME` rebuilds the report.") + "\n")
+
+
+def details_text(key: str) -> str:
+    """reproductions/<paper>/DETAILS.md without its title, its headings one level down (under "Details")."""
+    path = ROOT / "reproductions" / FOLDERS.get(key, key.replace("-", "_")) / "DETAILS.md"
+    if not path.exists():
+        return ""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    out, fence = [], False
+    for line in lines:
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        if not fence and re.match(r"#{1,5} ", line):
+            line = "#" + line
+        out.append(line)
+    return "\n".join(out).strip() + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="folder to write results/<page>.md into")
+    ap.add_argument("--summary", default=str(SUMMARY))
+    args = ap.parse_args(argv)
+    for rel, text in pages(load_summary(Path(args.summary))).items():
+        target = Path(args.out) / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        print(target)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

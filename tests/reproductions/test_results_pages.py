@@ -1,0 +1,116 @@
+"""reproductions/results_pages.py: the site's Results pages, generated from reproductions/summary.yaml,
+the archived stores and each paper's DETAILS.md."""
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "reproductions" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+rp = _load("results_pages")
+cs = _load("check_summary")
+SUMMARY = yaml.safe_load((ROOT / "reproductions" / "summary.yaml").read_text(encoding="utf-8"))
+PAPERS = ["random-padding", "map", "token-positional-bias", "dyref", "first-sentence", "retrieval"]
+
+
+@pytest.fixture(scope="module")
+def pages() -> dict[str, str]:
+    return rp.pages()
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_every_results_page_is_generated(pages):
+    assert set(pages) == {"results/index.md"} | {f"results/{p}.md" for p in PAPERS}
+    assert set(SUMMARY["papers"]) == set(PAPERS)
+
+
+def test_each_paper_page_shows_its_rows_verdicts_regimes_and_how_to_rerun_them(pages):
+    for row in SUMMARY["rows"]:
+        page = _flat(pages[f"results/{row['paper']}.md"])
+        assert _flat(row["short"]["verdict"]) in page, row["claim"]
+        assert _flat(row["full"]["verdict"]) in page, row["claim"]
+        assert _flat(row["full"]["ours"]) in page, row["claim"]
+        assert _flat(row["regime"]) in page, row["claim"]
+        for command in row["rerun"]:
+            assert command in pages[f"results/{row['paper']}.md"], command
+        # every experiment the row names is listed with its report, and that report exists
+        for name in row["experiments"]:
+            report = (f"docs/{name}/diagnosis.md" if name.startswith("diagnoses/")
+                      else f"docs/experiments/{name}/report.md")
+            assert f"`{report}`" in page and (ROOT / report).is_file(), report
+
+
+def test_the_index_has_the_summary_table_the_verdict_words_and_how_numbers_are_checked(pages):
+    index = pages["results/index.md"]
+    for row in SUMMARY["rows"]:
+        assert _flat(row["short"]["verdict"]) in index
+        assert f"({row['paper']}.md#{rp.slug(row['claim'])})" in index
+    for word, definition in SUMMARY["verdicts"].items():
+        assert f"**{word}**: {_flat(definition)}" in _flat(index)
+    n_checks = sum(len(r.get("checks") or []) for r in SUMMARY["rows"])
+    assert f"recomputes {n_checks} numbers" in _flat(index) and "python reproductions/check_summary.py" in index
+    # the generated table is one check_summary reads: every row in it is a summary.yaml row
+    assert len(cs.table_rows(index)) == len(SUMMARY["rows"])
+    assert cs.check(SUMMARY, index) == []
+
+
+def test_the_experiment_tables_read_runs_and_seeds_from_the_stores(pages):
+    facts = rp.store_facts("map_squad")
+    assert facts["runs"] == 12 and facts["seeds"] == [1, 2, 3] and "map_e" in facts["methods"]
+    assert "| `map_squad` | 12 |" in pages["results/map.md"]
+    assert rp.store_facts("tpb_conll_dstar")["kind"] == "report only"  # archived as report.md only
+
+
+def test_details_are_appended_one_heading_level_down(pages):
+    page = pages["results/random-padding.md"]
+    details = (ROOT / "reproductions" / "random_padding" / "DETAILS.md").read_text(encoding="utf-8")
+    assert "\n## Details\n" in page
+    first = next(line for line in details.splitlines() if line.startswith("## "))
+    assert "\n#" + first + "\n" in page
+    assert "# Random Padding: details" not in page  # the file's own title is dropped
+    for key in PAPERS:
+        assert "\n## Details\n" in pages[f"results/{key}.md"], key
+
+
+def test_out_writes_the_pages(tmp_path):
+    assert rp.main(["--out", str(tmp_path)]) == 0
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.md"))
+    assert written == sorted(rp.pages())
+
+
+def _prose_lines(text: str):
+    fence = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        if not fence and not line.lstrip().startswith("|"):
+            yield line
+
+
+def test_results_text_has_no_issue_numbers_and_no_overlong_prose_lines(pages):
+    texts = dict(pages)
+    texts["docs/results/performance.md"] = (ROOT / "docs" / "results" / "performance.md").read_text(encoding="utf-8")
+    for path in (ROOT / "reproductions").glob("*/DETAILS.md"):
+        texts[str(path.relative_to(ROOT))] = path.read_text(encoding="utf-8")
+    for name, text in texts.items():
+        assert not re.search(r"\b[Ii]ssues? \d", text), name
+        for line in text.splitlines():
+            if line.startswith("#"):
+                assert not re.search(r"20\d\d-\d\d-\d\d", line), (name, line)  # dates go in the text, not headings
+        long = [line[:60] for line in _prose_lines(text) if len(line) > 300]
+        assert not long, (name, long)
