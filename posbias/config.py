@@ -48,6 +48,13 @@ class ModelConfig:
     """`relative_key` (Shaw et al., 2018) or `relative_key_query` (Huang et al., 2020) replaces the
     encoder's absolute position embeddings by relative attention terms, as transformers 4.x's BERT
     defined them (BERT, RoBERTa, ELECTRA, ERNIE); empty keeps the encoder's own positions."""
+    reinit_positions_from: int | None = bounded(None, 1, neutral=None)
+    """Re-initialise the encoder's absolute position embeddings at ids >= N before training, with
+    the embedding's own init (N(0, config.initializer_range), as transformers' `_init_weights` draws
+    an nn.Embedding), seeded by train.seed; recorded in run_info.json. The positive control for
+    Random Padding, RPP and CP: rear positions that training windows never reach start untrained,
+    as the papers assume. N must be below the position table's size; an encoder without an absolute
+    table (relative_key, rotary) is refused. Empty (the default): the weights as loaded."""
 
 
 @dataclass
@@ -394,6 +401,7 @@ def validate(cfg: RunConfig) -> None:
     t.report_to = check_trackers(t.report_to)
     if m.encoder is not None:
         check_encoder_sizes(m.encoder)
+    check_reinit_positions(m)
     # Single keys' ranges are declared beside their fields (`bounded`) and checked as they are read.
     if t.epochs <= 0 and not t.max_steps:
         raise ConfigError("train.epochs must be > 0 (or set train.max_steps)")
@@ -445,6 +453,21 @@ def check_encoder_sizes(encoder: dict) -> None:
         if encoder.get(hidden) and encoder.get(heads) and encoder[hidden] % encoder[heads]:
             raise ConfigError(f"model.encoder.{hidden} ({encoder[hidden]}) must be a multiple of "
                               f"model.encoder.{heads} ({encoder[heads]}): each head takes an equal share")
+
+
+def check_reinit_positions(m: ModelConfig) -> None:
+    """`model.reinit_positions_from` against what the config alone tells of the position table (the
+    loaded encoder's own table is checked again when the run re-initialises it)."""
+    n = m.reinit_positions_from
+    if n is None:
+        return
+    if m.position_embedding_type in ("relative_key", "relative_key_query"):
+        raise ConfigError(f"model.reinit_positions_from: model.position_embedding_type {m.position_embedding_type} "
+                          "has no absolute position-embedding table to re-initialise")
+    size = (m.encoder or {}).get("max_position_embeddings") if not m.name_or_path else None
+    if size is not None and n >= size:
+        raise ConfigError(f"model.reinit_positions_from must be < model.encoder.max_position_embeddings "
+                          f"({size}), got {n}")
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive", "trackio", "swanlab", "all")

@@ -12,6 +12,7 @@ import re
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .config import ModelConfig, resolve_path
@@ -402,6 +403,61 @@ def load_encoder(mcfg: ModelConfig, tokenizer):
         raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the encoder's vocabulary only "
                           f"{encoder.config.vocab_size}: model.tokenizer does not belong to this encoder")
     return encoder
+
+
+# The seed stream of `reinit_positions`: its own, so that the rows it draws are not the first draws
+# of torch's global generator (set_seed(train.seed)), which initialise the head.
+REINIT_STREAM = 0x72656974  # "reit"
+
+
+def reinit_positions(encoder, start: int | None, seed: int, key: str = "model.reinit_positions_from") -> dict | None:
+    """Re-initialise rows `start`.. of `encoder`'s absolute position-embedding table as transformers'
+    `PreTrainedModel._init_weights` initialises an nn.Embedding (BERT, RoBERTa, ELECTRA, GPT-2 keep
+    that rule): N(0, config.initializer_range), the padding row (RoBERTa's) zero.
+
+    The positive control for Random Padding, RPP and CP (issue 60): their premise is that rear
+    position embeddings are untrained, which a sentence-embedding fine-tune such as MiniLM does not
+    meet. The rows are drawn from a generator of their own (`seed`, `REINIT_STREAM`), so the global
+    RNG, and with it every other initialisation and the data order, is as without the option.
+
+    Returns:
+        What was done, for run_info.json (ids touched, init, seed); None when `start` is None, with
+        the weights untouched.
+
+    Raises:
+        ConfigError naming `key`: the encoder has no absolute table (relative, rotary, none), or
+        `start` is not in 1 .. table size - 1.
+    """
+    if start is None:
+        return None
+    kind = position_kind(encoder.config)
+    table = position_table(encoder)
+    if kind.kind != "absolute" or table is None:
+        raise ConfigError(f"{key}: {kind} has no absolute position-embedding table to re-initialise")
+    size = table.num_embeddings
+    if not 1 <= start < size:
+        raise ConfigError(f"{key} must be >= 1 and < the position table's size ({size}), got {start}")
+    std = getattr(encoder.config, "initializer_range", None) or 0.02  # PreTrainedModel._init_weights' default
+    state = np.random.SeedSequence([seed, REINIT_STREAM]).generate_state(2, np.uint32)
+    gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    rows = torch.empty(size - start, table.embedding_dim).normal_(0.0, std, generator=gen)  # (size - start, d)
+    pad = table.padding_idx
+    if pad is not None and pad >= start:
+        rows[pad - start] = 0.0  # as _init_weights: the padding row stays zero
+    with torch.no_grad():
+        table.weight[start:] = rows.to(table.weight.dtype)
+    return {"ids": [start, size - 1], "rows": size - start, "init": "normal", "mean": 0.0, "std": std,
+            "seed": seed, "stream": REINIT_STREAM, "padding_id_zero": pad if pad is not None and pad >= start else None}
+
+
+def position_table(encoder):
+    """The encoder's absolute position-embedding table (an nn.Embedding indexed by position ids:
+    `embeddings.position_embeddings` in BERT-style encoders, `wpe` in GPT-2), or None."""
+    for table in (getattr(getattr(encoder, "embeddings", None), "position_embeddings", None),
+                  getattr(encoder, "wpe", None)):
+        if isinstance(table, torch.nn.Embedding):
+            return table
+    return None
 
 
 def position_id_base(encoder) -> tuple[int, int]:

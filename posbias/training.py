@@ -26,7 +26,8 @@ Beside this module: `posbias.optim` (AdamW, its parameter groups, the batches of
 
 Output folder layout:
     config.yaml          the resolved config
-    run_info.json        seed, versions, world size, data summary, status, timings
+    run_info.json        seed, versions, world size, data summary, status, timings; the position rows
+                         model.reinit_positions_from re-initialised (ids, init, seed)
     train_log.jsonl      loss, lr, examples/s, real tokens/s every `train.log_every` steps; "stats": the
                          model's `training_stats()` if it has them (train.debias's learned-mixin gate)
                          (with augment perturbations: the summed loss, tokens of every pass)
@@ -63,6 +64,7 @@ from .analysis.updates import PositionUpdateCounter
 from .batching import Prefetch, batch_order, move
 from .checkpoint import check_max_seq_len
 from .config import RunConfig
+from .encoders import reinit_positions
 from .errors import ConfigError
 from .optim import StepSchedule, adamw, param_groups
 from .perturb import perturbations_by_mode, training_passes
@@ -270,6 +272,10 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
     # ---- model, optimizer, schedule
     set_seed(t.seed)  # head initialisation independent of how much data was read
     model = task.build_model(cfg, tokenizer, train_ds, feats)
+    # The positive control (model.reinit_positions_from): rear position rows drawn anew, from their own
+    # generator. A resumed run's checkpoint then replaces every weight (load_resume, strict), so it
+    # continues from the re-initialised and trained rows exactly as the uninterrupted run.
+    reinit = reinit_positions(model.encoder, cfg.model.reinit_positions_from, t.seed)
     check_max_seq_len(model, cfg)  # the same rule evaluation, prediction and diagnosis apply
     replace, augment = perturbations_by_mode(cfg.perturb, cfg)  # see posbias.perturb for the modes
     for p in replace + augment:
@@ -305,6 +311,7 @@ def _setup(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
         "resumed_from": resume, "resumed_at_step": state["global_step"] if resume else None,
         "hardware": devices.describe(acc.device), "mixed_precision": t.mixed_precision,
         "precision": precision.to_dict(), "deterministic": t.deterministic,
+        **({"reinit_positions": reinit} if reinit else {}),
     }
     run = _Run(cfg=cfg, out=out, last_dir=out / "checkpoints" / "last", progress=progress, acc=acc, main=main,
                log_with=log_with, task=task, tokenizer=tokenizer, examples=examples, feats=feats, lengths=lengths,

@@ -52,7 +52,7 @@ CASES = {
     "qa/saved": (QA, True),
     "qa/not-part-of-the-run": (with_(QA, train={"output_dir": "elsewhere", "device": "cpu",
                                                 "report_to": ["tensorboard"], "eval_batch_tokens": None}), False),
-    "qa/later-keys-at-neutral": (with_(QA, data={"train_subset": "first"},
+    "qa/later-keys-at-neutral": (with_(QA, data={"train_subset": "first"}, model={"reinit_positions_from": None},
                                        train={"early_stopping_patience": None, "eval_precision": "fp32"}), False),
     "qa/train_subset-random": (with_(QA, data={"train_subset": "random", "max_train_examples": 8}), False),
     "qa/early-stopping": (with_(QA, train={"early_stopping_patience": 2}), False),
@@ -90,7 +90,8 @@ CASES = {
     "tagging/pool-files": (with_(TAGGING, data={"length_quantiles": [0.15, 0.75],
                                                 "length_pool_files": ["a.conll", "b.conll"]}), False),
     "tagging/later-keys-at-neutral": (with_(TAGGING, data={"label_map": None, "tags_column": None,
-                                                           "length_pool_files": None, "train_subset": "first"}), False),
+                                                           "length_pool_files": None, "train_subset": "first"},
+                                            model={"reinit_positions_from": None}), False),
     "tagging/label_map": (with_(TAGGING, data={"label_map": {"person": "PER"}, "tags_column": "ner_tags"}), False),
     "tagging/rpp-cp": (with_(TAGGING, perturb=[RPP, CP]), False),
     "tagging/cp-rpp-saved": (with_(TAGGING, perturb=[CP, RPP]), True),
@@ -265,7 +266,7 @@ def test_the_marks_declare_what_the_old_tables_listed():
     train_never = {"train.output_dir", "train.device", "train.report_to", "train.eval_batch_tokens",
                    "train.deterministic"}
     later = {"data.train_subset": "first", "train.early_stopping_patience": None, "train.eval_precision": "fp32",
-             "data.perturb_default_mode": "replace"}
+             "data.perturb_default_mode": "replace", "model.reinit_positions_from": None}
     assert compat.not_hashed(QAConfig) == compat.not_hashed(TaggingConfig) == train_never
     assert compat.hash_neutral(QAConfig) == later | {"model.softmax_over_default": "context", "train.debias": None,
                                                      "train.debias.prior": "token", "train.debias.bias_term": "log",
