@@ -415,7 +415,7 @@ def reinit_positions(encoder, start: int | None, seed: int, key: str = "model.re
     `PreTrainedModel._init_weights` initialises an nn.Embedding (BERT, RoBERTa, ELECTRA, GPT-2 keep
     that rule): N(0, config.initializer_range), the padding row (RoBERTa's) zero.
 
-    The positive control for Random Padding, RPP and CP (issue 60): their premise is that rear
+    The positive control for Random Padding, RPP and CP: their premise is that rear
     position embeddings are untrained, which a sentence-embedding fine-tune such as MiniLM does not
     meet. The rows are drawn from a generator of their own (`seed`, `REINIT_STREAM`), so the global
     RNG, and with it every other initialisation and the data order, is as without the option.
