@@ -27,13 +27,34 @@ summary.yaml:
           - {store: docs/experiments/map_squad, eval_set: test, metric: EM, method: map_e,
              stat: delta, text: "+1.30"}
         unchecked: ["29.6 vs 65.3: ..."]    # numbers the row prints that are not recomputed here, and why
+        primary: [...]                    # the claim's primary tests (reproductions/primary.py), or
+                                          #   {none: "why no seed-level test decides it"}
+        kind: mechanism check             # optional: a check of a mechanism, not of a claimed effect
 A check of an archived diagnosis (`posbias diagnose ... --output-dir`, copied into the repository)
 instead: {diagnosis: docs/diagnoses/NAME, key: "axes > dense: answer character > effect", text: "1.87"}.
+A check of a run's curve (its store's `curves` table): {store, run, curve: position_updates, at: 64 |
+range: [50, 300] with stat min/max | stat: last_nonzero, percent: true, text}.
 A check's `stat`: mean, std, delta (method − baseline, paired by seed), p (t-test over seeds),
 p_holm (Holm-adjusted over the store's report table), ci_low/ci_high (t-interval over seeds).
 Optional keys: dataset (the store's data set name), baseline (another method than the spec's),
 only (shell patterns of run names, as `experiment report --only`). The value is formatted with the
 digits `text` shows; a leading + is kept, and "−" (U+2212) reads as "-".
+
+A check of one of the row's primary tests: {primary: 0, stat: diff | p | p_holm | p_size | ci_low |
+ci_high | n, text: ...} (the test's index in the row's `primary` list; p one-sided in the paper's
+direction, p_holm over the paper's primary tests, p_size one-sided against the paper's effect).
+
+Every number a row prints in its `ours` and `verdict` cells (short and full) must be accounted for: the
+last number of a check's `text` where the row prints that text, or a number listed in the head of an
+`unchecked` entry (the part before its first ": "). Numbers that name the regime rather than a result
+are exempt: a count before a unit ("3 seeds", "510 steps", "4,000 questions"), a setting ("k = 20",
+"M = 128"), an id or index ("id 133", "seed 23456", "Table 3"), a metric's argument ("F1(10)"), the
+confidence level of an interval ("95% CI"), and the paper's number where the row's claim cell prints it
+("the paper's +1.07"). The claim cells quote the paper and are not scanned.
+The verdict words follow the primary tests: "reproduces" needs every primary test to hold (one-sided,
+Holm over the paper's primary tests, below 0.05), "does not reproduce" needs none to hold, and a
+primary test whose effect is smaller than the paper's (its one-sided 95% bound excludes the paper's
+number) must be said so in the row ("smaller than the paper's").
 """
 from __future__ import annotations
 
@@ -51,6 +72,9 @@ sys.path.insert(0, str(ROOT))
 
 from posbias.experiment.aggregation import aggregate, load_results  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "reproductions"))
+import primary as primary_module  # noqa: E402
+
 STATS = ("mean", "std", "delta", "p", "p_holm", "ci_low", "ci_high")
 
 
@@ -60,10 +84,19 @@ def _rows(store: str, baseline: str | None, only: tuple[str, ...] | None) -> lis
     return aggregate(results, bootstrap_samples=0)  # the t-tests only: bootstraps are not in the checks
 
 
-def value(check: dict) -> float:
-    """The number `check` asks for, recomputed from its store (or read from its archived diagnosis)."""
+def value(check: dict, primaries: list[dict] | None = None) -> float:
+    """The number `check` asks for, recomputed from its store (or read from its archived diagnosis, or
+    one of the row's primary tests: `primaries`, that row's computed tests in order)."""
+    if "primary" in check:
+        if primaries is None or not 0 <= int(check["primary"]) < len(primaries):
+            raise LookupError(f"the row has no primary test {check['primary']}")
+        if check.get("stat") not in primary_module.STATS:
+            raise LookupError(f"primary test stat {check.get('stat')!r} is not one of {', '.join(primary_module.STATS)}")
+        return float(primaries[int(check["primary"])][check["stat"]])
     if "diagnosis" in check:
         return _diagnosis_value(check)
+    if "curve" in check:
+        return _curve_value(check)
     only = tuple(check["only"]) if check.get("only") else None
     rows = [r for r in _rows(check["store"], check.get("baseline"), only)
             if r["eval_set"] == check["eval_set"] and r["metric"] == check["metric"]
@@ -77,6 +110,33 @@ def value(check: dict) -> float:
     if "ttest" not in r:
         raise LookupError(f"no comparison to a baseline for {_where(check)}")
     return r["ttest"]["diff" if stat == "delta" else stat]
+
+
+def _curve_value(check: dict) -> float:
+    """A number of a run's curve in its store's `curves` table (e.g. position_updates: the share of
+    steps that updated each position id): `at` an id, or `range` [lo, hi] with stat min or max, or stat
+    last_nonzero (the highest id with a nonzero value); `percent` scales shares to percent."""
+    results = _store(check["store"])
+    points = {c["step"]: c["value"] for c in results["curves"] if c["run"] == check["run"] and c["kind"] == check["curve"]}
+    if not points:
+        raise LookupError(f"{check['store']} has no {check['curve']} curve for run {check['run']}")
+    stat = check.get("stat", "value")
+    if stat == "last_nonzero":
+        return float(max(k for k, v in points.items() if v > 0))
+    if stat in ("min", "max"):
+        lo, hi = check["range"]
+        values = [v for k, v in points.items() if lo <= k <= hi]
+        x = min(values) if stat == "min" else max(values)
+    else:
+        if check["at"] not in points:
+            raise LookupError(f"{check['store']} {check['run']} {check['curve']} has no point {check['at']}")
+        x = points[check["at"]]
+    return float(x) * (100 if check.get("percent") else 1)
+
+
+@lru_cache(maxsize=None)
+def _store(store: str) -> dict:
+    return load_results(ROOT / store)
 
 
 @lru_cache(maxsize=None)
@@ -101,6 +161,10 @@ def _diagnosis_value(check: dict) -> float:
 
 
 def _where(check: dict) -> str:
+    if "primary" in check:
+        return f"primary test {check['primary']}"
+    if "curve" in check:
+        return f"{check['store']} {check['run']} {check['curve']}"
     if "diagnosis" in check:
         return f"{check['diagnosis']}/diagnosis.json {check['key']}"
     parts = [check["store"], check.get("dataset"), check["eval_set"], check["metric"], check["method"]]
@@ -131,6 +195,58 @@ def formatted(x: float, text: str) -> str:
 
 
 CELLS = ("claim", "ours", "verdict")
+SCANNED = ("ours", "verdict")  # the cells whose every number must be accounted for (the claim cells quote the paper)
+
+_VALUE = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+# A number as the rows print it: a sign, "<" for p-values, a range "12–22", a trailing %. Not a part of a
+# name ("MiniLM-L6", "D_50", "bf16", "1e-4", "NDCG@10", "CoNLL-2003", "T_100^(2)", "F1(10)").
+_PRINTED = re.compile(rf"(?<![\w.^/@])(?<!\w-)(?<!\w\()(?<!\^\()([+\-−]?)(<\s?)?((?:{_VALUE})(?:–(?:{_VALUE}))?%?)(?![\w(]|\.\d)")
+_UNIT_AFTER = re.compile(r"(?:[- ]|\+ )?(?:seeds?|steps?|questions?|epochs?|runs?|examples?|sentences?|words?|tokens?|"
+                         r"characters?|copies|CPU|cores?|GPUs?|minutes|instances|passages|documents|tests|ids|q\b|"
+                         r"th\b|nd\b|rd\b|st\b|×|CI\b)")
+_SETTING_BEFORE = re.compile(r"(?:\b[A-Za-zα]+ = |\b(?:seeds?|ids?|Table|Fig\.|Eq\.|§|step|batch|lr|copy|position|token|"
+                             r"sentences?|layer|top|chance)\s)$")
+
+
+def printed_numbers(text: str) -> list[re.Match]:
+    """The numbers of a cell that state a result: every number but the regime's (counts before a unit,
+    settings, ids, a metric's argument, an interval's level)."""
+    out = []
+    for m in _PRINTED.finditer(text):
+        if _UNIT_AFTER.match(text, m.end()) or _SETTING_BEFORE.search(text[:m.start()]):
+            continue
+        out.append(m)
+    return out
+
+
+def listed_numbers(row: dict) -> set[str]:
+    """The numbers listed in the heads of a row's `unchecked` entries (before each entry's first ": ")."""
+    return {m.group(3) for u in row.get("unchecked") or [] for m in _PRINTED.finditer(str(u).split(": ")[0])}
+
+
+def unaccounted(row: dict) -> list[str]:
+    """The numbers of a row's ours and verdict cells (short and full) that no check recomputes and no
+    `unchecked` entry lists, each with a few characters of context."""
+    listed = listed_numbers(row)
+    quoted = " ".join(str((row.get(part) or {}).get("claim") or "") for part in ("short", "full"))
+    out = []
+    for part in ("short", "full"):
+        for cell in SCANNED:
+            text = " ".join(str((row.get(part) or {}).get(cell) or "").split())
+            checked = set()
+            for c in row.get("checks") or []:
+                start = text.find(c["text"])
+                while start >= 0:
+                    inside = list(_PRINTED.finditer(c["text"]))
+                    if inside:
+                        checked.add(start + inside[-1].start(3))
+                    start = text.find(c["text"], start + 1)
+            for m in printed_numbers(text):
+                if text[:m.start()].endswith("paper's ") and m.group(3) in quoted:
+                    continue  # the paper's number, as its claim cell quotes it
+                if m.start(3) not in checked and m.group(3) not in listed:
+                    out.append(f"{m.group(0)} ({part} {cell}: …{text[max(0, m.start() - 25):m.end() + 10]}…)")
+    return out
 
 
 def summary_rows(summary: dict) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
@@ -147,11 +263,16 @@ def summary_rows(summary: dict) -> tuple[list[tuple[str, str, str]], list[tuple[
 def table_rows(page: str) -> list[tuple[str, str, str]]:
     """(claim cell, whole row, verdict cell) of each row of the Markdown summary tables in `page`
     (columns paper | claim | ours | verdict | ...)."""
-    out = []
+    out, summary_table = [], False
     for line in page.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        header = cells[0] == "paper" or (cells[0] and set(cells[0]) <= {"-", ":"})  # the header or its rule
-        if not line.startswith("|") or len(cells) < 5 or header:
+        if not line.startswith("|"):
+            summary_table = False
+            continue
+        if cells[0] == "paper":  # a header: a summary table has "ours" in its third column
+            summary_table = len(cells) >= 5 and cells[2].startswith("ours")
+            continue
+        if not summary_table or (cells[0] and set(cells[0]) <= {"-", ":"}):  # another table, or the rule
             continue
         out.append((cells[1], line, cells[3]))
     return out
@@ -164,6 +285,12 @@ def check(summary: dict, page: str | None = None) -> list[str]:
     words = sorted(summary["verdicts"], key=len, reverse=True)
     papers = summary.get("papers") or {}
     short_table, full_table = summary_rows(summary)
+    by_row: dict[str, list[dict]] = {}
+    try:
+        for t in primary_module.primary_tests(summary):
+            by_row.setdefault(t["claim"], []).append(t)
+    except (LookupError, ValueError, OSError) as e:
+        problems.append(f"primary tests: {e}")
     for row, short, full in zip(summary["rows"], short_table, full_table):
         claim = row["claim"]
         if row.get("paper") not in papers:
@@ -193,9 +320,11 @@ def check(summary: dict, page: str | None = None) -> list[str]:
         if verdict.startswith("does not reproduce") and "(at this regime:" not in verdict:
             problems.append(f"{claim!r}: 'does not reproduce' without '(at this regime: …)'")
         printed = " ".join(line for _, line, _ in lines)
+        primaries = by_row.get(claim, [])
+        problems += _primary_problems(row, primaries, printed)
         for c in row.get("checks") or []:
             try:
-                got = formatted(value(c), c["text"])
+                got = formatted(value(c, primaries), c["text"])
             except (LookupError, ValueError, OSError) as e:
                 problems.append(f"{claim!r}: {c['text']!r}: {e}")
                 continue
@@ -206,6 +335,13 @@ def check(summary: dict, page: str | None = None) -> list[str]:
                 problems.append(f"{claim!r}: {c['text']!r} is checked but the summary row does not print it")
         if not row.get("checks") and not row.get("unchecked"):
             problems.append(f"{claim!r}: neither checks nor unchecked numbers")
+        for number in unaccounted(row):
+            problems.append(f"{claim!r}: {number} is printed but neither checked nor listed in `unchecked`")
+    for i, text in enumerate(summary.get("findings") or []):
+        text = " ".join(str(text).split())
+        for m in printed_numbers(text):
+            problems.append(f"findings bullet {i + 1}: prints {m.group(0)!r} (…{text[max(0, m.start() - 25):m.end() + 10]}…): "
+                            "a finding names rows, whose numbers are checked, and prints none of its own")
     for key in papers:
         if not any(r.get("paper") == key for r in summary["rows"]):
             problems.append(f"paper {key!r} has no row")
@@ -214,6 +350,30 @@ def check(summary: dict, page: str | None = None) -> list[str]:
         for c, _, _ in table_rows(page):  # every row of the page's table must be in summary.yaml
             if not any(claim in c for claim in listed):
                 problems.append(f"summary row {c[:60]!r} is not in summary.yaml")
+    return problems
+
+
+def _primary_problems(row: dict, primaries: list[dict], printed: str) -> list[str]:
+    """A row's primary tests against its verdict: named (or `none` with a reason), "reproduces" only when
+    every one holds, "does not reproduce" only when none does, "smaller than the paper's" said where a
+    test's effect is; a mechanism check labelled as such."""
+    claim, verdict = row["claim"], str(row.get("verdict"))
+    spec = row.get("primary")
+    problems = []
+    if not spec:
+        problems.append(f"{claim!r}: no primary test (a list of tests, or {{none: reason}})")
+    elif isinstance(spec, dict) and "none" in spec and not str(spec["none"]).strip():
+        problems.append(f"{claim!r}: primary none without a reason")
+    held = [primary_module.significant(t) for t in primaries]
+    if primaries and verdict == "reproduces" and not all(held):
+        problems.append(f"{claim!r}: verdict 'reproduces' but primary test(s) "
+                        f"{', '.join(t['label'] for t, h in zip(primaries, held) if not h)} do not hold after Holm")
+    if verdict == "does not reproduce" and any(held):
+        problems.append(f"{claim!r}: verdict 'does not reproduce' but a primary test holds after Holm")
+    if any(t["smaller"] for t in primaries) and "smaller than the paper's" not in printed:
+        problems.append(f"{claim!r}: a primary test's effect is smaller than the paper's and the row does not say so")
+    if row.get("kind") == "mechanism check" and "mechanism check" not in str((row.get("full") or {}).get("verdict")):
+        problems.append(f"{claim!r}: a mechanism check whose verdict does not say so")
     return problems
 
 

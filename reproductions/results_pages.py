@@ -1,6 +1,7 @@
 """The Results pages of the documentation site, generated from reproductions/summary.yaml (the rows of
-claims, their verdicts, regimes and re-run commands), the archived stores under docs/experiments/
-(runs, methods and seeds of each experiment) and each paper's hand-written reproductions/<paper>/DETAILS.md.
+claims, their verdicts, primary tests, regimes and re-run commands), the archived stores under
+docs/experiments/ (runs, methods and seeds of each experiment), each paper's hand-written
+reproductions/<paper>/DETAILS.md, and reproductions/which_method.py's page per task.
 
     python reproductions/results_pages.py --out DIR     # writes DIR/results/<page>.md
 
@@ -20,6 +21,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "reproductions"))
+import primary as primary_module  # noqa: E402
 SUMMARY = ROOT / "reproductions" / "summary.yaml"
 EXPERIMENTS = ROOT / "docs" / "experiments"
 
@@ -43,6 +46,9 @@ def pages(summary: dict | None = None) -> dict[str, str]:
     out = {"results/index.md": index_page(summary)}
     for key in summary["papers"]:
         out[f"results/{key}.md"] = paper_page(summary, key)
+    import which_method  # reproductions/which_method.py: the page per task, from the stores
+
+    out["results/which-method.md"] = which_method.page()
     return out
 
 
@@ -79,6 +85,53 @@ def summary_table(summary: dict, rows: list[dict], link: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _num(x: float, digits: int = 2, sign: bool = True) -> str:
+    """A number as the rows print it: U+2212 for minus, + where `sign`."""
+    if x != x:  # NaN
+        return "–"
+    out = f"{abs(x):.{digits}f}"
+    if x < 0 and float(out) != 0:
+        return "−" + out
+    return ("+" if sign and float(out) != 0 else "") + out
+
+
+def _p(x: float) -> str:
+    if x != x:
+        return "–"
+    return "<0.001" if x < 0.001 else f"{x:.3f}"
+
+
+def primary_table(summary: dict, tests: list[dict], with_paper: bool = True) -> str:
+    """The primary tests of `tests` (primary_module.primary_tests rows): one line each."""
+    head = ["claim", "primary test", "seeds", "Δ [95% CI]", "p (one-sided)", "Holm (family)",
+            "paper's Δ", "at least the paper's? p"]
+    if with_paper:
+        head = ["paper"] + head
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for t in tests:
+        test = t["test"]
+        effect = test.get("paper_effect")
+        size = "–" if effect is None else (_p(t["p_size"]) + (" (smaller)" if t["smaller"] else ""))
+        held = " ✓" if primary_module.significant(t) else ""
+        cells = [_cell(t["claim"]), _cell(t["label"]), str(t["n"]),
+                 f"{_num(t['diff'])} [{_num(t['ci_low'], sign=False)}, {_num(t['ci_high'], sign=False)}]",
+                 _p(t["p"]), f"{_p(t.get('p_holm', float('nan')))} ({t.get('family', 0)}){held}",
+                 "–" if effect is None else _num(effect), size]
+        if with_paper:
+            cells = [_cell(summary["papers"][t["paper"]]["name"])] + cells
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+PRIMARY_TEXT = (
+    "Each claim's verdict rests on one primary test, fixed in `reproductions/summary.yaml` before the "
+    "verdict: one metric, one comparison, the paper's direction, tested one-sided over seeds (paired by "
+    "seed). Holm's correction runs over each paper's primary tests (the family column); ✓ marks a test "
+    "that holds at 0.05 after it. Where the paper gives an effect size, the last column tests whether ours "
+    "is at least the paper's (one-sided; \"smaller\" when its 95% bound excludes the paper's number). "
+    "Every other number in the rows is secondary: reported unadjusted, two-sided, and labelled so.")
+
+
 def _counts(summary: dict) -> tuple[int, int]:
     rows = summary["rows"]
     return sum(len(r.get("checks") or []) for r in rows), sum(len(r.get("unchecked") or []) for r in rows)
@@ -86,16 +139,18 @@ def _counts(summary: dict) -> tuple[int, int]:
 
 def index_page(summary: dict) -> str:
     n_checks, n_unchecked = _counts(summary)
+    primaries = primary_table(summary, primary_module.primary_tests(summary))
     verdicts = "\n".join(_wrap(f"**{word}**: {text}", "- ") for word, text in summary["verdicts"].items())
     findings = "\n".join(_wrap(text, "- ") for text in summary.get("findings") or [])
     papers = "\n".join(f"- [{p['name']}]({key}.md): {p['title']}" for key, p in summary["papers"].items())
     return f"""# Results
 
 What reproduces of the papers whose methods posbias implements: one row per claimed effect, with the
-paper's number, ours, and a verdict. Runs use MiniLM-L6 on a 2-core CPU unless a row says otherwise. A
-short cell's p value is the t-test over seeds; each paper's page has every row in full, with the paired
-bootstrap over questions or sentences beside it ("p a / b": t-test over seeds / bootstrap), the regime
-the verdict covers, the commands that re-run it, and the details of every experiment.
+paper's number, ours, and a verdict. Runs use MiniLM-L6 on a 2-core CPU unless a row says otherwise. Each
+verdict rests on the claim's primary test (below); each paper's page has every row in full, its secondary
+numbers with the paired bootstrap over questions or sentences beside the t-test over seeds ("p a / b":
+t-test / bootstrap), the regime the verdict covers, the commands that re-run it, and the details of every
+experiment. For a recommendation per task, see [Which method should I use?](which-method.md).
 
 Speed and memory are on their own page: [Performance](performance.md).
 
@@ -114,14 +169,20 @@ Four words, each with one definition:
 {summary_table(summary, summary["rows"])}
 {findings}
 
+## Primary tests
+
+{_wrap(PRIMARY_TEXT)}
+
+{primaries}
 ## How the numbers are checked
 
 The rows live in `reproductions/summary.yaml`, beside the records each number comes from.
 `python reproductions/check_summary.py` recomputes {n_checks} numbers the rows print from the archived
 experiment stores (`docs/experiments/NAME/experiment.sqlite`) and diagnoses (`docs/diagnoses/NAME/diagnosis.json`),
-checks that each row prints them to the digits shown and that each verdict is one of the four words, and
-lists the {n_unchecked} entries it does not recompute, each with the reason (shown under each row on the
-paper's page). The pages here are generated from that file and the stores when the site is built.
+checks that each row prints them to the digits shown, that each verdict is one of the four words and
+agrees with the row's primary tests, and that every other number a row prints is listed, in
+{n_unchecked} entries, with the reason it is not recomputed (shown under each row on the paper's page):
+an unlisted number fails the check. The pages here are generated from that file and the stores when the site is built.
 """
 
 
@@ -135,6 +196,9 @@ def paper_page(summary: dict, key: str) -> str:
              "runs use MiniLM-L6 on a 2-core CPU unless a row says otherwise.\n",
              "## Claims\n",
              summary_table(summary, rows, link=False)]
+    tests = [t for t in primary_module.primary_tests(summary) if t["paper"] == key]
+    if tests:
+        parts += ["## Primary tests\n", _wrap(PRIMARY_TEXT) + "\n", primary_table(summary, tests, with_paper=False)]
     for row in rows:
         parts.append(row_section(row))
     names = []
@@ -151,7 +215,8 @@ def row_section(row: dict) -> str:
     full = row["full"]
     rerun = "\n".join(row.get("rerun") or [])
     checks = row.get("checks") or []
-    stores = sorted({c.get("store") or c.get("diagnosis") for c in checks})
+    stores = sorted({c.get("store") or c.get("diagnosis") for c in checks if "primary" not in c}
+                    | {t["store"] for t in primary_module.tests_of(row)})
     checked = (f"{len(checks)} numbers of this row are recomputed from "
                + ", ".join(f"`{s}`" for s in stores) + " by `python reproductions/check_summary.py`."
                if checks else "No number of this row is recomputed from a store.")
@@ -159,9 +224,19 @@ def row_section(row: dict) -> str:
     note = ['??? note "How this row\'s numbers are checked"', _wrap(checked, "    ")]
     if unchecked:
         note += ["", "    Not recomputed, and why:", ""] + [_wrap(u, "    - ", "      ") for u in unchecked]
+    spec = row.get("primary")
+    if isinstance(spec, dict) and "none" in spec:
+        primary = f"**Primary test:** none: {spec['none']}"
+    else:
+        primary = "**Primary test:** " + "; ".join(
+            f"{t.get('label') or t.get('method')} ({primary_module.describe(t)}"
+            + (f", the paper's {_num(t['paper_effect'])}" if t.get("paper_effect") is not None else "") + ")"
+            for t in primary_module.tests_of(row))
+    kind = f"*A {row['kind']}.* " if row.get("kind") else ""
     return "\n".join([
         f"## {row['claim']} {{#{slug(row['claim'])}}}\n",
-        _wrap(f"**Verdict: {full['verdict']}**") + "\n",
+        _wrap(f"{kind}**Verdict: {full['verdict']}**") + "\n",
+        _wrap(primary, "- ", "  "),
         _wrap(f"**The paper:** {full['claim']}", "- ", "  "),
         _wrap(f"**Ours:** {full['ours']}", "- ", "  "),
         _wrap(f"**Regime:** {row['regime']}", "- ", "  ") + "\n",

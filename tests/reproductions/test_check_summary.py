@@ -43,36 +43,40 @@ def test_every_short_row_has_a_full_row_and_the_verdict_words_are_the_defined_fo
 
 
 def test_a_number_that_differs_from_its_record_is_caught():
-    changed = _edited("MaP_E > InD", ("short", "full"), "ours", "+1.30 EM (p 0.018", "+1.31 EM (p 0.018")
+    changed = _edited("MaP_E > InD", ("short",), "ours", "EM +1.30 on the test set", "EM +1.31 on the test set")
+    row = next(r for r in changed["rows"] if r["claim"] == "MaP_E > InD")
+    row["full"]["ours"] = row["full"]["ours"].replace("EM +1.30 on", "EM +1.31 on")
     problems = cs.check(changed)  # the short and the full row
-    assert any("'+1.30 EM' is checked but the summary row does not print it" in p for p in problems), problems
+    assert any("'EM +1.30' is checked but the summary row does not print it" in p for p in problems), problems
 
 
 def test_a_digit_changed_in_a_copy_of_summary_yaml_fails_the_command(tmp_path):
     text = SUMMARY_PATH.read_text(encoding="utf-8")
-    assert text.count("−1.21 F1 (p 0.079 /") == 1  # MaP_F's row in full
+    assert text.count("two-sided p 0.079, bootstrap") == 1  # MaP_F's row in full
     copy_path = tmp_path / "summary.yaml"
-    copy_path.write_text(text.replace("−1.21 F1 (p 0.079 /", "−1.21 F1 (p 0.078 /"), encoding="utf-8")
+    copy_path.write_text(text.replace("two-sided p 0.079, bootstrap", "two-sided p 0.078, bootstrap"), encoding="utf-8")
     assert cs.main(["--summary", str(copy_path)]) == 1
     problems = cs.check(yaml.safe_load(copy_path.read_text(encoding="utf-8")))
-    assert problems == ["'MaP_F > InD': 'p 0.079' is checked but the summary row does not print it"]
+    assert problems[0] == "'MaP_F > InD': 'p 0.079' is checked but the summary row does not print it"
+    assert any("0.078" in p and "neither checked nor listed" in p for p in problems), problems
 
 
 def test_a_record_that_differs_from_the_printed_number_is_caught():
     rows = [dict(r) for r in SUMMARY["rows"]]
     map_e = next(r for r in rows if r["claim"] == "MaP_E > InD")
-    map_e["checks"] = [dict(c, method="vcp") if c["text"] == "+1.30 EM" else c for c in map_e["checks"]]
+    map_e["checks"] = [dict(c, method="vcp") if c["text"] == "EM +1.30" else c for c in map_e["checks"]]
     problems = cs.check(dict(SUMMARY, rows=rows))
-    assert any("'+1.30 EM' printed, the record gives −1.58" in p for p in problems), problems
+    assert any("'EM +1.30' printed, the record gives −1.58" in p for p in problems), problems
 
 
 def test_undefined_verdicts_rows_and_regimes_are_caught():
-    problems = cs.check(_edited("MaP_E > InD", ("short",), "verdict", "partly (EM: the paper's size", "reproduces in EM ("))
+    problems = cs.check(_edited("MaP_E > InD", ("short",), "verdict", "partly (F1 in the paper's", "reproduces in F1 ("))
     assert any("is not summary.yaml's 'partly'" in p for p in problems), problems
     problems = cs.check(_edited("MaP > VCP with BiDAF", ("short",), "verdict", "untested in a comparable regime", "does not"))
     assert any("does not start with a defined word" in p for p in problems), problems
-    bare = _edited("MaP_F > InD", ("short",), "verdict", "does not reproduce (at this regime: MiniLM-L6, 510 steps)",
-                   "does not reproduce")
+    bare = _edited("MaP_F > InD", ("short",), "verdict",
+                   "does not reproduce (at this regime: MiniLM-L6, 510 steps; smaller than the paper's +0.21)",
+                   "does not reproduce, smaller than the paper's")
     assert any("without '(at this regime" in p for p in cs.check(bare))
     # A page whose summary table has a row summary.yaml does not know (a stale copy of the table):
     page = "| paper | claim | ours | verdict | detail |\n|---|---|---|---|---|\n" + "".join(
@@ -111,3 +115,98 @@ def test_a_diagnosis_number_is_read_from_its_archived_json():
     assert any(f"{first['text']!r} printed, the record gives" in p for p in problems), problems
     ret["checks"] = [dict(first, key="axes > nowhere")]
     assert any("has no 'axes > nowhere'" in p for p in cs.check(dict(SUMMARY, rows=rows)))
+
+
+# ------------------------------------------------------------------------------ every printed number
+
+
+def test_an_unlisted_number_in_a_row_fails_and_listing_it_with_a_reason_passes():
+    changed = _edited("MaP_F > InD", ("full",), "ours", "Same runs", "Same runs, 12.34 F1 on a hunch")
+    problems = cs.check(changed)
+    assert any("'MaP_F > InD': 12.34" in p and "neither checked nor listed" in p for p in problems), problems
+    row = next(r for r in changed["rows"] if r["claim"] == "MaP_F > InD")
+    row["unchecked"] = list(row.get("unchecked") or []) + ["12.34: a hunch, not a record"]
+    assert cs.check(changed) == []
+
+
+@pytest.mark.parametrize("text, want", [
+    ("3 seeds, 510 steps on 8,000 questions, k = 20, M = 128", []),
+    ("F1(10) −0.73 (p 0.85), 95% CI [−2.99, 1.54]", ["−0.73", "0.85", "−2.99", "1.54"]),
+    ("MiniLM-L6 on CoNLL-2003 D_50, lr 1e-4, NDCG@10 77.45", ["77.45"]),
+    ("ids 50–300 in 93.6–98.1% of steps, id 64 in 80.2%", ["93.6–98.1%", "80.2%"]),
+    ("p <0.001, bootstrap < 0.001", ["<0.001", "< 0.001"]),
+])
+def test_the_numbers_a_cell_prints_are_the_results_not_the_regime(text, want):
+    assert [m.group(0).strip() for m in cs.printed_numbers(text)] == want
+
+
+def test_a_finding_that_prints_a_number_fails():
+    summary = copy.deepcopy(SUMMARY)
+    summary["findings"] = list(summary["findings"]) + ["**New.** CP gains +2.16 here."]
+    assert any("prints '+2.16'" in p for p in cs.check(summary))
+
+
+def test_a_quoted_paper_number_must_be_the_claim_cells():
+    changed = _edited("MaP_F > InD", ("full",), "ours", "smaller than the paper's +0.21", "smaller than the paper's +0.31")
+    problems = cs.check(changed)
+    assert any("+0.31" in p and "neither checked nor listed" in p for p in problems), problems
+
+
+def test_a_curve_number_is_recomputed_from_the_store():
+    rows = copy.deepcopy(SUMMARY["rows"])
+    row = next(r for r in rows if r.get("kind") == "mechanism check")
+    first = next(c for c in row["checks"] if c.get("curve") and c.get("at") == 64)
+    assert cs.value(first) == pytest.approx(80.17, abs=0.01)
+    row["checks"] = [dict(c, at=65) if c is first else c for c in row["checks"]]
+    problems = cs.check(dict(SUMMARY, rows=rows))
+    assert any("'id 64 in 80.2%' printed, the record gives" in p for p in problems), problems
+
+
+# ------------------------------------------------------------------------------ primary tests
+
+
+def _row(summary, claim):
+    return next(r for r in summary["rows"] if r["claim"] == claim)
+
+
+def test_every_row_names_its_primary_test_or_why_it_has_none():
+    for row in SUMMARY["rows"]:
+        spec = row.get("primary")
+        assert spec, row["claim"]
+        if isinstance(spec, dict):
+            assert str(spec["none"]).strip(), row["claim"]
+        else:
+            for t in spec:
+                assert t["direction"] in ("greater", "less") and t["metric"] and t["store"], (row["claim"], t)
+    summary = copy.deepcopy(SUMMARY)
+    del _row(summary, "MaP_F > InD")["primary"]
+    assert any("'MaP_F > InD': no primary test" in p for p in cs.check(summary))
+
+
+def test_the_verdict_must_follow_the_primary_tests():
+    summary = copy.deepcopy(SUMMARY)
+    _row(summary, "MaP_E > InD")["verdict"] = "reproduces"
+    assert any("'MaP_E > InD': verdict 'reproduces' but primary test(s)" in p for p in cs.check(summary))
+    summary = copy.deepcopy(SUMMARY)
+    _row(summary, "CP lifts F1(10)")["verdict"] = "does not reproduce"
+    assert any("'CP lifts F1(10)': verdict 'does not reproduce' but a primary test holds" in p for p in cs.check(summary))
+
+
+def test_an_effect_smaller_than_the_papers_must_be_said():
+    summary = copy.deepcopy(SUMMARY)
+    row = _row(summary, "RPP lifts F1(10)")
+    for part in ("short", "full"):
+        for cell in ("ours", "verdict"):
+            row[part][cell] = row[part][cell].replace("smaller than the paper's", "unlike the paper's")
+    assert any("smaller than the paper's and the row does not say so" in p for p in cs.check(summary))
+
+
+def test_holm_runs_over_each_papers_primary_tests():
+    tests = cs.primary_module.primary_tests(SUMMARY)
+    for paper in {t["paper"] for t in tests}:
+        family = [t for t in tests if t["paper"] == paper]
+        assert all(t["family"] == len(family) for t in family)
+        ps = sorted(t["p"] for t in family)
+        # Holm: the smallest p times the family size (capped at 1)
+        smallest = min(family, key=lambda t: t["p"])
+        assert smallest["p_holm"] == pytest.approx(min(1.0, ps[0] * len(family)))

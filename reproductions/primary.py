@@ -1,0 +1,152 @@
+"""The claims' primary tests: each row of reproductions/summary.yaml names, before its verdict, the one
+comparison its verdict rests on (one metric, one comparison, one direction: the paper's), and, where the
+paper gives one, the paper's effect size. This module computes them from the archived stores:
+
+- the mean difference over seeds (paired by seed) with its 95% t-interval;
+- the one-sided p value in the paper's direction (H0: no effect or the other sign);
+- that p adjusted by Holm's method over the paper's primary tests (its family: one test per claim, not
+  every cell of a report's table);
+- against the paper's size, the one-sided p of "at least the paper's effect" (H0: the effect is at least
+  the paper's; a small p says it is smaller), and `smaller`: that p below 0.05, i.e. the one-sided 95%
+  confidence bound of the effect lies on the weak side of the paper's number.
+
+Everything else a row prints is secondary: reported unadjusted, and labelled so.
+
+    primary:                              # a row's tests (a list: a row that bundles claims has several)
+      - label: "CP, the authors' sub-token F1(10)"
+        store: docs/experiments/tpb_conll_authors
+        eval_set: "test D*(k)"
+        metric: "sub-token F1(10)"
+        method: cp                        # the arm ...
+        versus: {method: baseline}        # ... against this (default: the store's baseline; or another
+                                          #     metric or data set of the same runs: {metric: F1})
+        direction: greater                # the paper's sign of arm − versus: greater | less
+        paper_effect: 1.65                # optional: the paper's arm − versus
+    primary: {none: "why no seed-level test decides this claim"}
+
+Optional keys: dataset (the store's data set of the arm; `versus` may name another), only (shell
+patterns of run names).
+"""
+from __future__ import annotations
+
+import math
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from posbias.analysis.stats import holm, t_interval  # noqa: E402
+from posbias.experiment.aggregation import load_results, metric_value  # noqa: E402
+
+ALPHA = 0.05
+DIRECTIONS = ("greater", "less")
+STATS = ("diff", "ci_low", "ci_high", "p", "p_holm", "p_size", "n", "family")
+
+
+def tests_of(row: dict) -> list[dict]:
+    """A row's primary tests (a list; empty for `primary: {none: ...}` or no `primary`)."""
+    p = row.get("primary")
+    if not p or (isinstance(p, dict) and "none" in p):
+        return []
+    return list(p) if isinstance(p, list) else [p]
+
+
+@lru_cache(maxsize=None)
+def _results(store: str, only: tuple[str, ...] | None) -> dict:
+    return load_results(ROOT / store, only=list(only) if only else None)
+
+
+def seed_values(test: dict, arm: dict) -> dict[int, float]:
+    """{seed: value} of one arm (the test's keys overridden by `arm`) from its store's finished runs."""
+    spec = {**test, **arm}
+    results = _results(spec["store"], tuple(spec["only"]) if spec.get("only") else None)
+    method = spec.get("method") or results["baseline"]
+    out = {}
+    for r in results["runs"]:
+        if r["status"] != "finished" or r["method"] != method or r["dataset"] != spec.get("dataset"):
+            continue
+        metrics = r["metrics"].get(spec["eval_set"])
+        value = metric_value(metrics, spec["metric"]) if metrics else None
+        if value is not None:
+            out[r["seed"]] = float(value)
+    if not out:
+        raise LookupError(f"no finished run of {spec['store']} {spec.get('dataset') or ''}/{spec['eval_set']}/"
+                          f"{spec['metric']}/{method}")
+    return out
+
+
+def compute(test: dict) -> dict:
+    """One primary test, unadjusted: {n, diff, ci_low, ci_high (the two-sided 95% t-interval), p
+    (one-sided in the paper's direction), p_size (one-sided: smaller than the paper's), smaller (bool)}.
+    n < 2: p, interval and p_size NaN."""
+    from scipy import stats
+
+    if test.get("direction") not in DIRECTIONS:
+        raise ValueError(f"primary test {test.get('label') or test.get('method')!r}: direction must be one of {DIRECTIONS}")
+    arm = seed_values(test, {})
+    versus_spec = {"method": None, **(test.get("versus") or {})}
+    versus = seed_values(test, versus_spec)
+    seeds = sorted(set(arm) & set(versus))
+    d = [arm[s] - versus[s] for s in seeds]
+    n = len(d)
+    sign = 1.0 if test["direction"] == "greater" else -1.0
+    out = {"n": n, "diff": sum(d) / n if n else math.nan, "p": math.nan, "p_size": math.nan, "smaller": False,
+           **t_interval(d)}
+    if n < 2:
+        return out
+    mean = out["diff"]
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    if sd == 0:
+        out["p"] = 0.0 if sign * mean > 0 else 1.0
+    else:
+        se = sd / math.sqrt(n)
+        out["p"] = float(stats.t.sf(sign * mean / se, n - 1))
+    effect = test.get("paper_effect")
+    if effect is not None:
+        if sd == 0:
+            out["p_size"] = 0.0 if sign * (mean - effect) < 0 else 1.0
+        else:
+            out["p_size"] = float(stats.t.cdf(sign * (mean - effect) / se, n - 1))
+        out["smaller"] = bool(out["p_size"] < ALPHA)
+    return out
+
+
+def primary_tests(summary: dict) -> list[dict]:
+    """Every row's primary tests, computed, with `p_holm` over its paper's family: [{claim, paper,
+    index, label, test, family, **compute(test)}] in summary order."""
+    out = []
+    for row in summary["rows"]:
+        for i, test in enumerate(tests_of(row)):
+            out.append({"claim": row["claim"], "paper": row.get("paper"), "index": i,
+                        "label": test.get("label") or f"{test.get('method')}, {test['metric']}",
+                        "test": test, **compute(test)})
+    for paper in {t["paper"] for t in out}:
+        family = [t for t in out if t["paper"] == paper]
+        for t, adjusted in zip(family, holm([t["p"] for t in family])):
+            t["p_holm"] = adjusted
+            t["family"] = sum(1 for x in family if x["p"] == x["p"])
+    return out
+
+
+def significant(t: dict) -> bool:
+    """The primary test holds: in the paper's direction, Holm-adjusted p below ALPHA."""
+    return t.get("p_holm", math.nan) < ALPHA
+
+
+def describe(test: dict) -> str:
+    """The comparison in words, run names resolved from the store: "cp − baseline, sub-token F1(10)
+    (test D*(k)) > 0"; a comparison of two metrics of the same runs: "baseline: sub-token F1(10) −
+    sub-token F1 (test D*(k)) < 0"."""
+    base = _results(test["store"], tuple(test["only"]) if test.get("only") else None)["baseline"]
+    versus = test.get("versus") or {}
+    arm = "/".join(str(x) for x in (test.get("dataset"), test.get("method") or base) if x)
+    other = "/".join(str(x) for x in (versus.get("dataset", test.get("dataset")),
+                                      versus.get("method") or (test.get("method") or base if "metric" in versus
+                                                               or "dataset" in versus else base)) if x)
+    sign = ">" if test["direction"] == "greater" else "<"
+    if "metric" in versus:
+        return f"{arm}: {test['metric']} − {versus['metric']} ({test['eval_set']}) {sign} 0"
+    return f"{arm} − {other}, {test['metric']} ({test['eval_set']}) {sign} 0"
