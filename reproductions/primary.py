@@ -25,7 +25,8 @@ Everything else a row prints is secondary: reported unadjusted, and labelled so.
     primary: {none: "why no seed-level test decides this claim"}
 
 Optional keys: dataset (the store's data set of the arm; `versus` may name another), only (shell
-patterns of run names).
+patterns of run names), segmenter and segment (a QA store's segment of the questions, e.g.
+first_x_tokens(x=100) / S100(2): its F1; `metric` then names it).
 """
 from __future__ import annotations
 
@@ -65,8 +66,17 @@ def seed_values(test: dict, arm: dict) -> dict[int, float]:
     results = _results(spec["store"], tuple(spec["only"]) if spec.get("only") else None)
     method = spec.get("method") or results["baseline"]
     out = {}
+    segments = {}
+    if spec.get("segmenter"):  # F1 on one segment of the questions (QA stores' segments table)
+        for row in results["segments"]:
+            if (row["eval_set"], row["segmenter"], row["segment"]) == (spec["eval_set"], spec["segmenter"], spec["segment"]):
+                segments[row["run"]] = row["f1"]
     for r in results["runs"]:
         if r["status"] != "finished" or r["method"] != method or r["dataset"] != spec.get("dataset"):
+            continue
+        if spec.get("segmenter"):
+            if r["name"] in segments:
+                out[r["seed"]] = float(segments[r["name"]])
             continue
         metrics = r["metrics"].get(spec["eval_set"])
         value = metric_value(metrics, spec["metric"]) if metrics else None
@@ -74,7 +84,7 @@ def seed_values(test: dict, arm: dict) -> dict[int, float]:
             out[r["seed"]] = float(value)
     if not out:
         raise LookupError(f"no finished run of {spec['store']} {spec.get('dataset') or ''}/{spec['eval_set']}/"
-                          f"{spec['metric']}/{method}")
+                          f"{spec.get('segment') or spec['metric']}/{method}")
     return out
 
 
