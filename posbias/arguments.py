@@ -2,7 +2,7 @@
 arguments (`posbias.tasks.Task.add_cli_arguments`): checked option types and the option groups
 several commands have. It imports nothing heavy: the parser is built before torch loads.
 
-Option values are checked by argparse (`type=`), so a bad one is one usage line and exit 2 before
+Option values are checked by argparse (`type=`), so a bad one is one error line and exit 2 before
 anything loads. Each checker carries `bad`: values it must refuse (the CLI test feeds them to every
 option that uses it).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 INT64 = 2**63  # torch and NumPy hold integers in 64 bits
 
@@ -71,6 +72,23 @@ def gpus(text: str) -> str:
 
 
 gpus.bad = ["", "a", "0,,1", "0,0", "-1", "1.5", "cuda:0"]
+
+
+def folder(text: str) -> str:
+    """A folder to read and write (`--cache-dir`): existing, or to be made; not an existing file, nor
+    a path through one (checked before any work, not when the first file is written into it)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a folder, got ''")
+    for p in (Path(text), *Path(text).parents):
+        if p.exists():
+            if not p.is_dir():
+                raise argparse.ArgumentTypeError(f"{text} is an existing file, not a folder" if p == Path(text)
+                                                 else f"{text} cannot be a folder: {p} is an existing file")
+            break
+    return text
+
+
+folder.bad = [""]
 
 
 class Ordered(argparse.Action):

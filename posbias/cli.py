@@ -48,9 +48,20 @@ def _registered(registry) -> list:
 
 # ---- the parser: one small function per command
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors in the one-line form of every other posbias error, `posbias:
+    error: MESSAGE (see: COMMAND --help)`, and exit 2: not the usage block argparse prints first. Its
+    sub-parsers are of this class too (argparse makes them with the parent's class); `--help` is
+    argparse's own."""
+
+    def error(self, message: str):
+        message = " ".join(str(message).split())  # one line, whatever the value held
+        self.exit(2, f"posbias: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (the CLI reference in the docs is generated from it)."""
-    ap = argparse.ArgumentParser(prog="posbias", description=(
+    ap = Parser(prog="posbias", description=(
         "Train, evaluate and diagnose extractive QA and token-classification (NER, POS) models with "
         "respect to position bias. Configs are YAML files or bundled preset names (demo, tiny, ...) with "
         "key.sub=value overrides."))
@@ -527,9 +538,9 @@ def main(argv=None) -> int:
         code = run(args)
         ok = code == 0
         return code
-    except KeyboardInterrupt:
-        print("posbias: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or a run's SIGTERM / SIGINT (`interrupt.Interrupted`: 143 / 130)
+        print(f"posbias: interrupted{f' ({e})' if str(e) else ''}", file=sys.stderr)
+        return getattr(e, "exit_code", 130)
     except Exception as e:
         message = known_failure(e)
         if message is None or (not isinstance(e, PosbiasError) and os.environ.get("POSBIAS_DEBUG")):

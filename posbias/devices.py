@@ -38,6 +38,23 @@ def resolve_device(spec: str = "auto", key: str = "train.device"):
     return torch.device(spec)
 
 
+def check_gpus(indices: list[str], key: str = "--gpus") -> None:
+    """GPU indices to give processes one each (`CUDA_VISIBLE_DEVICES`), refused before any starts
+    when torch sees fewer GPUs. Where this process's own `CUDA_VISIBLE_DEVICES` hides some, an index
+    names a GPU of the whole machine, which torch here cannot count: then only "none" is refused."""
+    import torch
+
+    count = torch.cuda.device_count()
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    if count == 0:
+        raise ConfigError(f"{key} {','.join(indices)}: torch sees no CUDA device (torch {torch.__version__}, {build}); "
+                          f"leave out {key}, or add --device cpu to run the lanes on the CPU")
+    beyond = [i for i in indices if int(i) >= count]
+    if beyond and os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+        raise ConfigError(f"{key} {','.join(indices)}: GPU {beyond[0]} is not there; torch sees {count} CUDA "
+                          f"device(s), 0 to {count - 1}")
+
+
 def describe(device) -> dict:
     """The hardware a run used, for run_info.json."""
     import torch

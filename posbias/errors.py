@@ -121,6 +121,6 @@ def known_failure(e: BaseException) -> str | None:
 
 def failure_message(e: BaseException) -> str:
     """One line for any exception: `known_failure`'s message, else the exception's type and text."""
-    if isinstance(e, KeyboardInterrupt):
-        return "interrupted"
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C, or a run's SIGTERM / SIGINT (its name: `interrupt.Interrupted`)
+        return f"interrupted ({e})" if str(e) else "interrupted"
     return known_failure(e) or f"{type(e).__name__}: {_first_line(e)}"

@@ -61,9 +61,15 @@ def _fail(path, reason: str, data: bool):
     return DataError(path, None, reason) if data else ConfigError(f"{path}: {reason}")
 
 
-def read_bytes(path, what: str, limit: int, *, data: bool = False) -> bytes:
+def read_bytes(path, what: str, limit: int, *, data: bool = False) -> bytes | bytearray:
     """The bytes of `path`, refusing (one line naming the file and the limit) a device (/dev/zero
-    never ends), a file over `limit`, and a pipe that delivers more than `limit`.
+    never ends), a file over `limit`, and a stream that delivers more than `limit`.
+
+    One bound for every input, counted as the bytes come: a regular file's size is checked before
+    any read; a stream has no size (stdin, a pipe or FIFO, a socket given as /dev/stdin or
+    /dev/fd/N, a file that grows) and is read chunk by chunk into one buffer grown in place, refused
+    as soon as more than `limit` bytes have come. So `yes | posbias ... --data /dev/stdin` stops at
+    the bound, holding at most the bound, and a small piped file reads as a file does.
 
     Args:
         what: what the file is, for the message (`data file`, `trainer state`).
@@ -73,26 +79,53 @@ def read_bytes(path, what: str, limit: int, *, data: bool = False) -> bytes:
         mode = os.stat(path).st_mode
         if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
             raise _fail(path, f"is a device, not a {what}: give a regular file (or a pipe)", data)
-        with open(path, "rb") as f:
+        if stat.S_ISSOCK(mode):
+            # A socket cannot be opened by name (ENXIO), only read through a descriptor this process
+            # already holds: stdin (or /dev/fd/N) connected to one.
+            fd = _own_descriptor(path)
+            if fd is None:
+                raise _fail(path, f"is a socket, not a {what}: give a regular file, or pipe the data to stdin", data)
+            f = os.fdopen(os.dup(fd), "rb")
+        else:
+            f = open(path, "rb")
+        with f:
             st = os.fstat(f.fileno())
             size = st.st_size if stat.S_ISREG(st.st_mode) else 0
             if size > limit:
                 raise _too_big(path, what, limit, data)
-            # read(n) allocates n bytes at once: ask for the size the file has, then go on in
-            # chunks only if more comes (a pipe, a /proc file, a file that grew), up to the limit.
-            chunks = [f.read(size + 1)] if size else []
-            n = len(chunks[0]) if chunks else 0
-            while n <= limit and (not chunks or n > size):
-                chunk = f.read(min(_CHUNK, limit + 1 - n))
+            # read(n) allocates n bytes at once: ask for the size the file has; only if more comes
+            # (a stream, a /proc file, a file that grew) go on in chunks, counted against the limit.
+            head = f.read(size + 1) if size else b""
+            if size and len(head) <= size:
+                return head
+            buf = bytearray(head)  # grown in place (realloc), not chunks joined at the end: no second copy
+            while len(buf) <= limit:
+                chunk = f.read(min(_CHUNK, limit + 1 - len(buf)))
                 if not chunk:
                     break
-                chunks.append(chunk)
-                n += len(chunk)
+                buf += chunk
     except OSError as e:
         raise _fail(path, f"cannot read file: {e.strerror or e}", data) from None
-    if n > limit:
+    if len(buf) > limit:
         raise _too_big(path, what, limit, data)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return buf
+
+
+def _own_descriptor(path) -> int | None:
+    """The descriptor of this process that `path` names (/dev/stdin, /dev/fd/N, /proc/self/fd/N),
+    when it is the very file `path` leads to; else None."""
+    p = os.path.abspath(str(path))
+    head, tail = os.path.split(p)
+    if p == "/dev/stdin":
+        fd = 0
+    elif tail.isdigit() and head in ("/dev/fd", "/proc/self/fd", f"/proc/{os.getpid()}/fd"):
+        fd = int(tail)
+    else:
+        return None
+    try:
+        return fd if os.path.samestat(os.stat(p), os.fstat(fd)) else None
+    except OSError:
+        return None
 
 
 def gunzip(raw: bytes, path, what: str, limit: int, *, data: bool = True) -> bytearray:

@@ -7,6 +7,8 @@ reader returns the valid records plus an account of the skipped ones. File-level
 """
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterable
 
 from .errors import DataError
@@ -21,10 +23,40 @@ def check_on_bad_record(value: str) -> None:
         raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {value!r}")
 
 
+# The text of each stream read (a pipe, FIFO or socket: stdin, /dev/fd/N, a named FIFO): a stream can
+# be read once only, and a reader may read a file twice (tagging sniffs the format, then reads it; a
+# column hint reads it again). Read a second time, a pipe would give nothing and a FIFO would wait
+# for a new writer. Each text is at most `data_limit()`, and a command reads few streams.
+_STREAMS: dict[tuple[int, int, int], str] = {}
+
+
+def _stream_key(path) -> tuple[int, int, int] | None:
+    """(device, inode, ctime) of a stream, None for anything else. The ctime (set when the FIFO is
+    made, moved on by each write) tells a new FIFO that reuses a removed one's inode from it."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None  # read_bytes says why
+    if not (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
 def read_text(path) -> str:
     """The file as text; gunzipped when it starts with the gzip magic bytes, whatever its suffix.
     Bounded (`limits`): a device, a file or gunzipped stream over `data_limit()`, or a gzip bomb is
-    refused with one line instead of filling memory."""
+    refused with one line instead of filling memory. A stream (stdin, a pipe, a FIFO, a socket) is
+    read once, to its end, and its text kept for the process's later reads of it (`_STREAMS`)."""
+    key = _stream_key(path)
+    if key in _STREAMS:
+        return _STREAMS[key]
+    text = _read_text(path)
+    if key is not None:
+        _STREAMS[_stream_key(path) or key] = text  # its key once written to the end: what a reread finds
+    return text
+
+
+def _read_text(path) -> str:
     limit = data_limit()
     raw = read_bytes(path, "data file", limit, data=True)
     gzipped = raw[:2] == _GZIP_MAGIC

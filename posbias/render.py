@@ -28,17 +28,18 @@ from .utils import atomic_write_text
 
 # ------------------------------------------------------------------------------------------ text
 # Markdown: a backslash before ASCII punctuation makes it literal (CommonMark §2.4; `~`: GitHub's
-# strikethrough); `<`, `>`, `&` become entities, which every Markdown flavour shows as text (some do
-# not honour `\<`). Left alone, as they cannot start markup: `_` between two letters or digits (no
+# strikethrough; `$`: GitHub's math, and that of viewers with KaTeX or MathJax, where two of them start a
+# formula); `<`, `>`, `&` become entities, which every Markdown flavour shows as text (some do not
+# honour `\<`). Left alone, as they cannot start markup: `_` between two letters or digits (no
 # intraword emphasis with `_`, so "gold_position_quartile" stays readable), `<` not followed by a
 # letter, `/`, `!` or `?` (no tag, comment or autolink starts so: "<0.001"), `&` not followed by a
 # letter or `#` (no entity).
-_MD = re.compile(r"[\\|`*~\[\]>]|(?<![^\W_])_|_(?![^\W_])|<(?=[A-Za-z/!?])|&(?=[A-Za-z#])|\r\n|[\r\n]")
+_MD = re.compile(r"[\\|`*~$\[\]>]|(?<![^\W_])_|_(?![^\W_])|<(?=[A-Za-z/!?])|&(?=[A-Za-z#])|\r\n|[\r\n]")
 _MD_SUB = {"<": "&lt;", ">": "&gt;", "&": "&amp;", "\r\n": " ", "\r": " ", "\n": " "}
 
 
 def md_escape(text) -> str:
-    """`text` as literal Markdown inline text: markup characters (`\\ | ` * _ ~ [ ] < > &`) escaped,
+    """`text` as literal Markdown inline text: markup characters (`\\ | ` * _ ~ $ [ ] < > &`) escaped,
     line breaks turned into spaces (a table row or heading is one line)."""
     return _MD.sub(lambda m: _MD_SUB.get(m.group(), "\\" + m.group()), str(text))
 

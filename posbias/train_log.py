@@ -49,8 +49,9 @@ def check_output_dir(out: Path, key: str) -> None:
 class RunRecord:
     """What a failed run leaves in `run_info.json`: once this attempt owns the run (it wrote
     run_info.json as `running`, or it is resuming the run after the checks), any exception —
-    a damaged checkpoint, a full disk, a bug, Ctrl-C — rewrites it as `failed` (`interrupted`),
-    with `finished` and the one-line `error`, so that no dead run reads `running`."""
+    a damaged checkpoint, a full disk, a bug, Ctrl-C or SIGTERM (`posbias.interrupt`) — rewrites it
+    as `failed` (`interrupted`), with `finished` and the one-line `error`, so that no dead run reads
+    `running`."""
 
     def __init__(self):
         self.path: Path | None = None  # run_info.json, once this attempt owns the run

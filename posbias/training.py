@@ -9,8 +9,9 @@ resumable checkpoints. The loop knows nothing about QA or tagging: it talks to a
 `posbias.qa.task`, tagging in `posbias.tagging.task`, registered in `posbias.registry.TASKS`), any
 object with the `posbias.tasks.Task` protocol.
 
-`train` holds the output folder and records a failure; `_train` runs the stages, which share the
-run's state in a `_Run` and where the loop is in a `_Loop`:
+`train` holds the output folder, records a failure and turns SIGTERM / SIGINT into an interruption
+(`posbias.interrupt`); `_train` runs the stages, which share the run's state in a `_Run` and where the
+loop is in a `_Loop`:
     _setup               checks (`train_state.resolve_resume`), accelerator, data -> features, model,
                          optimizer, schedule, resumed state, run_info.json `running` (`train_log.start_output`)
     _train_epoch         one epoch's batch order (data_order/), then per step:
@@ -18,6 +19,7 @@ run's state in a `_Run` and where the loop is in a `_Loop`:
       train_log.log_step   train_log.jsonl, progress, trackers (every train.log_every steps)
       _evaluate_and_save   evaluation when due (eval_log.jsonl, best/ + eval/, early stopping),
                            checkpoints/last when due
+      _stop_if_signalled   after a SIGTERM / SIGINT: checkpoints/last, then run_info.json `interrupted`
     _finish              best/ without an eval file, position_updates.json, run_info.json `finished`
 
 Beside this module: `posbias.optim` (AdamW, its parameter groups, the batches of each step),
@@ -66,6 +68,7 @@ from .checkpoint import check_max_seq_len
 from .config import RunConfig
 from .encoders import reinit_positions
 from .errors import ConfigError
+from .interrupt import Stop, stop_on_signals
 from .optim import StepSchedule, adamw, param_groups
 from .perturb import perturbations_by_mode, training_passes
 from .precision import training_precision
@@ -176,6 +179,7 @@ class _Loop:
     bar: Any
     lines: bool  # plain progress lines (a log file) instead of the bar
     window: dict  # loss and throughput since the last log line (`new_window`)
+    stop: Stop  # whether a SIGTERM / SIGINT came (`posbias.interrupt`)
     prefetch: Any = None  # the epoch's collated micro-batches (`batching.Prefetch`), this process's share
 
 
@@ -186,6 +190,15 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     train.output_dir must be new, empty or posbias's own (`outputs.output_folder`); it has one
     writer at a time: the main process holds its lock for the whole run. A run that fails after it
     started (see `RunRecord`) ends `failed` in run_info.json, with the error.
+
+    SIGTERM or SIGINT (`posbias.interrupt`, handlers installed for the run only) ends the run after
+    the optimizer step in progress and its evaluation, when one is due: checkpoints/last is saved
+    (the steps since the last checkpoint are not lost; `resume="auto"` continues from it),
+    run_info.json says `interrupted`, and `interrupt.Interrupted` (a KeyboardInterrupt; the CLI exits
+    143 or 130) is raised. A second signal, or one during the setup, raises at once. With several
+    processes each one stops at once (no checkpoint: the processes would have to agree on a step, a
+    collective per step); the last scheduled checkpoint (train.save_every, evaluations) is where the
+    run resumes.
 
     Args:
         resume: a checkpoint folder, or "auto" for `<output_dir>/checkpoints/last` when present.
@@ -199,11 +212,12 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
     # `scope`: what the run sets for itself (the current CUDA device, deterministic algorithms), put back at its end.
     with outputs.output_folder(out, "train.output_dir", hold=os.environ.get("RANK", "0") in ("0", "")), \
             contextlib.ExitStack() as scope:
+        stop = scope.enter_context(stop_on_signals())
         for name in WRITTEN:
             outputs.no_link(out / name, "train.output_dir")
         record = RunRecord()
         try:
-            return _train(cfg, resume, overwrite, progress, data, record, scope)
+            return _train(cfg, resume, overwrite, progress, data, record, scope, stop)
         except BaseException as e:
             if isinstance(e, OSError) and e.filename is None:  # e.g. a log line on a full disk: name the run
                 e = OSError(e.errno, e.strerror or str(e), str(cfg.train.output_dir))
@@ -212,8 +226,9 @@ def train(cfg: RunConfig, resume: str | None = None, overwrite: bool = False, pr
 
 
 def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, data: dict | None,
-           record: RunRecord, scope: contextlib.ExitStack) -> dict:
-    """The run, stage by stage: set up, train epoch by epoch (evaluating and saving as it goes), finish."""
+           record: RunRecord, scope: contextlib.ExitStack, stop: Stop) -> dict:
+    """The run, stage by stage: set up, train epoch by epoch (evaluating and saving as it goes), finish.
+    During the epochs a signal waits for the end of its step (`stop.deferred`; one process only)."""
     run = _setup(cfg, resume, overwrite, progress, data, record, scope)
     run.model.train()
     step = run.state["global_step"]
@@ -221,9 +236,10 @@ def _train(cfg: RunConfig, resume: str | None, overwrite: bool, progress: bool, 
     bar = tqdm(total=run.total_steps, initial=step, desc="train",
                disable=not progress or not run.main or not interactive(), dynamic_ncols=True)
     lines = progress and run.main and not interactive()  # a log file gets a plain line per log_every steps
-    loop = _Loop(step, bar, lines, window)
-    while loop.step < run.total_steps and not run.state.get("stopped_early"):  # a resumed early-stopped run is done
-        _train_epoch(run, loop)
+    loop = _Loop(step, bar, lines, window, stop)
+    with stop.deferred(run.acc.num_processes == 1):
+        while loop.step < run.total_steps and not run.state.get("stopped_early"):  # a resumed early-stopped run is done
+            _train_epoch(run, loop)
     bar.close()
     return _finish(run, loop.step)
 
@@ -356,6 +372,7 @@ def _train_epoch(run: _Run, loop: _Loop) -> None:
             if loop.step % t.log_every == 0 or loop.step == run.total_steps:
                 log_step(run, loop)
             _evaluate_and_save(run, loop)
+            _stop_if_signalled(run, loop)
             if run.state.get("stopped_early"):  # the main metric stopped improving: best/ holds the best
                 return
 
@@ -444,12 +461,34 @@ def _evaluate_and_save(run: _Run, loop: _Loop) -> None:
             outputs.remove_dir(out / "eval.tmp", "train.output_dir")
         run.model.train()
     if do_save:
-        state["global_step"] = step
-        run.updates.merge_processes(gather_object)  # every process's batches (a collective)
-        state["position_updates"] = run.updates.to_dict()
-        save_last(run.acc, run.raw_model, run.optimizer, run.scheduler, run.cfg, run.tokenizer, state,
-                   run.last_dir, gather_object)
+        _save_checkpoint(run, step)
     loop.window["t0"] += time.perf_counter() - pause
+
+
+def _save_checkpoint(run: _Run, step: int) -> None:
+    """checkpoints/last at `step` (every process: the position updates are gathered)."""
+    run.state["global_step"] = step
+    run.updates.merge_processes(gather_object)  # every process's batches (a collective)
+    run.state["position_updates"] = run.updates.to_dict()
+    save_last(run.acc, run.raw_model, run.optimizer, run.scheduler, run.cfg, run.tokenizer, run.state,
+               run.last_dir, gather_object)
+
+
+def _stop_if_signalled(run: _Run, loop: _Loop) -> None:
+    """After a step (and its evaluation and checkpoint when due): when a SIGTERM / SIGINT came, save
+    checkpoints/last unless it holds this step already, then raise `Interrupted` (`train` records the
+    run `interrupted`). Always saved, whatever train.save_every says: the steps since the last
+    checkpoint are work a resumed run would otherwise redo, and the save replaces checkpoints/last
+    whole (through last.tmp), so a SIGKILL during it leaves the previous one."""
+    if not loop.stop.requested:
+        return
+    if run.state["global_step"] != loop.step:  # steps since the last checkpoint
+        read_losses(run, loop)  # nothing of a step with a non-finite loss is saved
+        _save_checkpoint(run, loop.step)
+    if run.main:
+        print(f"posbias: {loop.stop.name}: the run stopped at step {loop.step}/{run.total_steps}, resumable from "
+              f"{run.last_dir}", file=sys.stderr, flush=True)
+    loop.stop.raise_if_requested()
 
 
 def _finish(run: _Run, step: int) -> dict:

@@ -6,6 +6,7 @@ over examples), and the same per segment.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from contextlib import closing
 from fnmatch import fnmatchcase
@@ -38,7 +39,7 @@ def load_results(exp_dir, *, only: list[str] | None = None, baseline: str | None
         curves = [dict(r) for r in conn.execute("SELECT * FROM curves ORDER BY run, kind, step")]
         questions = [dict(r) for r in conn.execute("SELECT * FROM question_scores")]
     for r in runs:
-        r["metrics"] = json.loads(r["metrics_json"]) if r["metrics_json"] else {}
+        r["metrics"] = _stored_metrics(r, db)
     if only:
         runs = [r for r in runs if any(fnmatchcase(r["name"], p) for p in only)]
         if not runs:
@@ -55,6 +56,41 @@ def load_results(exp_dir, *, only: list[str] | None = None, baseline: str | None
                           + (f" matching --only {' '.join(only)}" if only else "") + f" (methods: {', '.join(methods)})")
     return {"name": spec.get("name", Path(exp_dir).name), "spec": spec, "runs": runs, "segments": segments,
             "curves": curves, "questions": questions, "methods": methods, "baseline": baseline}
+
+
+def _stored_metrics(run: dict, db: Path) -> dict:
+    """A run's `metrics_json` read back; one that is not a JSON object is an error naming the store and
+    the run (the store was edited or damaged)."""
+    if not run["metrics_json"]:
+        return {}
+    try:
+        metrics = json.loads(run["metrics_json"])
+    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        why = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ConfigError(f"{db}: run {run['name']!r}: its metrics_json is not valid JSON ({why}); the store "
+                          "was edited or damaged") from None
+    if not isinstance(metrics, dict):
+        raise ConfigError(f"{db}: run {run['name']!r}: its metrics_json is not a JSON object; the store was "
+                          "edited or damaged")
+    if bad := non_finite(metrics):
+        raise ConfigError(f"{db}: run {run['name']!r}: its metrics_json holds {bad[1]} at {bad[0]}; a metric is a "
+                          "finite number, and a mean or t-test over this one would print it as a finding")
+    return metrics
+
+
+def non_finite(metrics) -> tuple[str, float] | None:
+    """(key path, value) of the first NaN or inf in parsed JSON, or None. Python's json writes and
+    reads them as NaN / Infinity (and reads 1e999 as inf), so a store can hold them."""
+    stack = [("", metrics)]
+    while stack:
+        key, x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend((f"{key}.{k}" if key else str(k), v) for k, v in x.items())
+        elif isinstance(x, list):
+            stack.extend((f"{key}[{i}]", v) for i, v in enumerate(x))
+        elif isinstance(x, float) and not math.isfinite(x):
+            return key, x
+    return None
 
 
 # Report metric -> the keys it has in a metrics dict (QA v1 / v2, tagging NER / POS).

@@ -31,7 +31,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import outputs
+from .. import devices, outputs
 from ..config import yaml_safe_load
 from ..errors import ConfigError, RunError
 from .run import collect_experiment, run_experiment, save_spec, select, trained_info
@@ -360,6 +360,8 @@ def run_lanes(spec, output_dir=None, *, gpus, only: list[str] | None = None, for
     if device is not None and device.startswith("cuda:"):
         raise ConfigError(f"--device {device} names one GPU: with --gpus each lane sees only its own GPU "
                           "(as cuda:0); leave --device out or use --device cuda")
+    if device is None or device == "cuda":  # the lanes train on their GPUs: there must be as many
+        devices.check_gpus(gpus)
     exp = select(spec, output_dir, only=only, device=device)
     outputs.claim_folder(exp.output_dir, "experiment output_dir")
     save_spec(exp, spec)

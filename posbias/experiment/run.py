@@ -23,6 +23,7 @@ from .. import outputs
 from ..config import load_yaml, save_config
 from ..devices import check_device_spec
 from ..errors import ConfigError, RunError
+from ..interrupt import stop_on_signals
 from ..utils import atomic_write_json, atomic_write_text, now_iso, versions
 from .collect import collect_results, score_run
 from .spec import Experiment, Run, load_experiment
@@ -259,7 +260,9 @@ def _changed_error(exp: Experiment, changed: list[str]) -> ConfigError:
 
 def _run_claimed(exp: Experiment, run: Run, conn, lock: int, label: str, *, force: bool, **options) -> str:
     """With the run's lock held: read its record again (another process may have finished it since
-    the first look: "finished_by_others"), else train and record it ("ran"); then let the lock go."""
+    the first look: "finished_by_others"), else train and record it ("ran"); then let the lock go.
+    While its store row says `running`, SIGTERM and SIGINT end it `interrupted` (`posbias.interrupt`;
+    its training saves its checkpoint first), not killed with the row left `running`."""
     try:
         status, old_hash = run_status(conn, run.name)
         if status == "finished" and old_hash == run.config_hash:
@@ -268,7 +271,8 @@ def _run_claimed(exp: Experiment, run: Run, conn, lock: int, label: str, *, forc
             raise _changed_error(exp, [run.name])  # recorded with another config by another process meanwhile
         print(label, file=sys.stderr, flush=True)
         try:
-            execute_run(exp, run, conn, fresh=old_hash not in (None, run.config_hash), lock=lock, **options)
+            with stop_on_signals():
+                execute_run(exp, run, conn, fresh=old_hash not in (None, run.config_hash), lock=lock, **options)
         except BaseException as e:
             _record_failure(conn, run.name, e)
             raise

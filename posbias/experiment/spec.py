@@ -21,7 +21,8 @@ segmenters, below) and `description`.
 
 A method may score models trained elsewhere instead of training (a Hugging Face `Trainer` script, a
 model from the Hub, another experiment's runs): `checkpoint:` names its model per run, with `{seed}`,
-`{dataset}` and `{output_dir}` (this experiment's folder) filled in, e.g.
+`{dataset}` and `{output_dir}` (this experiment's folder) filled in (these plain names only; `{{` and
+`}}` stand for braces), e.g.
 
       hf_cp: {checkpoint: "bench/out/hf_trainer_conll/cp_seed{seed}"}
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
+from string import Formatter
 
 from .. import outputs
 from ..config import RunConfig, build_config, current_names, deep_merge, load_yaml, parse_overrides, preset_path
@@ -208,7 +210,7 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
                     d = deep_merge(base, current_names(_as_overrides(ds_over, f"datasets.{ds_name}"), task,
                                                        f"{where}datasets.{ds_name}."))
                     over = dict(_as_overrides(m_over, f"methods.{method}"))  # a copy: every seed reads m_over whole
-                    checkpoint = _checkpoint(over.pop("checkpoint", None), method, seed, ds_name, out)
+                    checkpoint = _checkpoint(over.pop("checkpoint", None), method, seed, ds_name, out, spec_path)
                     decode = _decode(over.pop("decode", None), method, checkpoint)
                     d = deep_merge(d, current_names(over, task, f"{where}methods.{method}."))
                     run_dir = out / "runs" / name
@@ -238,19 +240,37 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
                       spec_path, position_eval)
 
 
-def _checkpoint(template, method: str, seed: int, dataset, out: Path) -> str | None:
+def _checkpoint(template, method: str, seed: int, dataset, out: Path, spec_path: str | None = None) -> str | None:
     """A method's `checkpoint:` for one run: `{seed}`, `{dataset}`, `{output_dir}` filled in."""
     if template is None:
         return None
-    key = f"experiment spec: methods.{method}.checkpoint"
+    key = f"experiment spec{f' {spec_path}' if spec_path else ''}: methods.{method}.checkpoint"
     if not isinstance(template, str) or not template.strip():
         raise ConfigError(f"{key} must be a model folder or Hub id (a string), got {template!r}")
-    fields = {"seed": seed, "dataset": dataset or "", "output_dir": str(out)}
+    return fill_placeholders(template, {"seed": seed, "dataset": dataset or "", "output_dir": str(out)}, key)
+
+
+def fill_placeholders(template: str, fields: dict, key: str) -> str:
+    """`template` with each `{name}` replaced by `fields[name]` (`{{` and `}}`: literal braces).
+
+    Only plain names: `str.format` would also follow `{seed.__class__}` or `{output_dir[0]}` into the
+    values' attributes and items, and apply conversions and format specs; here any of those is an
+    error naming `key` and the placeholder, as an unknown name is."""
+    known = ", ".join(f"{{{k}}}" for k in fields)
     try:
-        return template.format(**fields)
-    except (KeyError, IndexError, ValueError) as e:
-        raise ConfigError(f"{key} {template!r}: {{{e.args[0] if e.args else ''}}} is not one of "
-                          "{seed}, {dataset}, {output_dir}") from None
+        parts = list(Formatter().parse(template))
+    except ValueError as e:  # a lone `{` or `}`
+        raise ConfigError(f"{key} {template!r}: {e} (placeholders: {known}; `{{{{` and `}}}}` for braces)") from None
+    out = []
+    for literal, name, spec, conversion in parts:
+        out.append(literal)
+        if name is None:  # the text after the last placeholder
+            continue
+        if name not in fields or spec or conversion:
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise ConfigError(f"{key} {template!r}: {shown} is not one of {known} (plain names only)")
+        out.append(str(fields[name]))
+    return "".join(out)
 
 
 def _decode(value, method: str, checkpoint) -> dict:

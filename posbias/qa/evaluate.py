@@ -4,6 +4,7 @@ Used by training (periodic evaluation, through `posbias.qa.task`) and by `posbia
 """
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,8 @@ from .readers import read_dataset
 # EVAL_CACHE_TOKENS tokens of windows are kept besides the batch in flight.
 EVAL_CHUNK_CHARS = 1 << 18
 EVAL_CACHE_TOKENS = 1 << 18
+# What a NaN-scores error calls a model evaluated without a path (training's periodic evaluation).
+MODEL_NAME = "the model being evaluated"
 # Freed heap pages go back to the OS every TRIM_EVERY batches and after the last (`release_freed_memory`):
 # often enough that the holes of a few batches never add up, rarely enough that a GPU evaluating a
 # small encoder does not wait on a heap walk per batch.
@@ -57,14 +60,16 @@ def eval_windows(examples: list[QAExample], tokenizer, cfg: RunConfig, source: s
 
 def run_windows(model, features: QAFeatures | StreamedFeatures, *, pad_id: int, padding_side: str,
                 batch_size: int, n_best: int, max_answer_len: int, require_max_context: bool = False,
-                max_tokens: int | None = None, accelerator=None, progress: bool = True) -> WindowCandidates:
+                max_tokens: int | None = None, accelerator=None, progress: bool = True,
+                model_name: str = MODEL_NAME) -> WindowCandidates:
     """Top-n_best spans of every window, with their character spans. With an accelerator the windows
     are split across processes and the candidates gathered on every process.
 
     Only the batch's windows are asked of `features` (`select`), and the candidates keep their
     character spans, so with StreamedFeatures no window outlives its batch. The batches are the same
     for both kinds of features, hence so are the scores, to the bit. A batch holds at most
-    `batch_size` windows and `max_tokens` padded tokens (`batching.eval_batches`)."""
+    `batch_size` windows and `max_tokens` padded tokens (`batching.eval_batches`). Scores with NaN
+    or +inf are refused in one line naming `model_name` (`check_scores`)."""
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     device = accelerator.device if accelerator else next(model.parameters()).device
     # Longest first: similar lengths share a batch, so dynamic padding wastes little.
@@ -84,6 +89,7 @@ def run_windows(model, features: QAFeatures | StreamedFeatures, *, pad_id: int, 
             # The model itself, not its DDP wrapper: a DDP forward syncs buffers with the other
             # processes, which run other numbers of batches here (none with fewer windows than processes).
             scores = _unwrap(model)(batch)
+            check_scores(scores, model_name)
             sc, st, en, nu = batch_candidates(_unwrap(model).head, scores, batch, k=n_best,
                                               max_answer_len=max_answer_len,
                                               require_max_context=require_max_context)
@@ -104,6 +110,24 @@ def run_windows(model, features: QAFeatures | StreamedFeatures, *, pad_id: int, 
         for part in parts:
             out.fill(*part)
     return out
+
+
+def check_scores(scores: dict, model_name: str = MODEL_NAME) -> None:
+    """Refuse a head's scores (its output dict, nested for MaP) holding NaN or +inf, in one line
+    naming the model: decoding ranks NaN above every real span, so such a model (NaN weights, an
+    fp16 overflow) would otherwise write answers and an F1. -inf is allowed: heads mask with it.
+    One device-side reduction and one host sync per batch."""
+    tensors, stack = [], [scores]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif torch.is_tensor(x) and x.is_floating_point():
+            tensors.append(x)
+    # x < inf is False exactly for NaN and +inf
+    if tensors and not bool(torch.stack([(t < float("inf")).all() for t in tensors]).all()):
+        raise ConfigError(f"{model_name}: the model's start/end scores are NaN or infinite (its weights hold "
+                          "NaN/inf, or its precision overflows); posbias does not decode them")
 
 
 def release_freed_memory() -> None:
@@ -135,8 +159,8 @@ def score_predictions(examples: list[QAExample], predictions: dict, null_odds: d
         result = metrics.squad_v2(gold, predictions, na_probs=null_odds or None)
         scores = metrics.per_question(gold, predictions, "2.0", na_probs=null_odds or None)
     else:
-        result = metrics.squad_v1(gold, predictions)
         scores = metrics.per_question(gold, predictions, "1.1")
+        result = metrics.squad_v1(gold, predictions, scores)
     em_key = "exact" if version == 2 else "exact_match"
     result["by_answer_length"] = breakdown(answer_length_labels(examples), scores, em_key)
     result["by_answer_sentence"] = breakdown(answer_sentence_labels(examples), scores, em_key)
@@ -144,7 +168,7 @@ def score_predictions(examples: list[QAExample], predictions: dict, null_odds: d
 
 
 def predict_examples(model, tokenizer, cfg: RunConfig, examples: list[QAExample], *, source: str,
-                     accelerator=None, progress: bool = True):
+                     accelerator=None, progress: bool = True, model_name: str = MODEL_NAME):
     """examples -> (predictions, nbest, null_odds, features, candidates); features are QAFeatures
     for inputs of one chunk (see `eval_windows`), else StreamedFeatures (lengths, example_index)."""
     feats = eval_windows(examples, tokenizer, cfg, source)
@@ -153,7 +177,7 @@ def predict_examples(model, tokenizer, cfg: RunConfig, examples: list[QAExample]
                         n_best=cfg.decode.n_best,
                         max_answer_len=cfg.decode.max_answer_len,
                         require_max_context=cfg.decode.require_max_context, accelerator=accelerator,
-                        progress=progress)
+                        progress=progress, model_name=model_name)
     version = 2 if _unwrap(model).null_answer else 1
     preds, nbest, null_odds = decode(examples, feats, cands, n_best=cfg.decode.n_best, version=version,
                                      null_threshold=cfg.decode.null_threshold)
@@ -161,9 +185,10 @@ def predict_examples(model, tokenizer, cfg: RunConfig, examples: list[QAExample]
 
 
 def evaluate_dataset(model, tokenizer, cfg: RunConfig, dataset: QADataset, out_dir=None, *,
-                     accelerator=None, progress: bool = True) -> dict:
+                     accelerator=None, progress: bool = True, model_name: str = MODEL_NAME) -> dict:
     """Predict, score and (main process) write predictions.json, nbest.json, null_odds.json, metrics.json
-    (the official SQuAD keys, `windows`, `skipped_records`, `by_answer_length`, `by_answer_sentence`)."""
+    (the official SQuAD keys, `windows`, `skipped_records`, `by_answer_length`, `by_answer_sentence`).
+    `model_name`: what an error about the model's scores calls it (its path)."""
     if not _unwrap(model).null_answer and dataset.has_impossible:
         # A v1 model (no null answer) cannot be scored by v1 rules on a question without a gold answer.
         qid = next(e.id for e in dataset.examples if e.is_impossible)
@@ -172,9 +197,10 @@ def evaluate_dataset(model, tokenizer, cfg: RunConfig, dataset: QADataset, out_d
                                            "questions only")
     preds, nbest, null_odds, feats, _ = predict_examples(model, tokenizer, cfg, dataset.examples,
                                                          source=dataset.path, accelerator=accelerator,
-                                                         progress=progress)
+                                                         progress=progress, model_name=model_name)
     version = 2 if _unwrap(model).null_answer else 1
     result = score_predictions(dataset.examples, preds, null_odds, version)
+    metrics.check_ranges(result)
     result["windows"] = len(feats)
     result["skipped_records"] = len(dataset.skipped)
     if out_dir is not None and (accelerator is None or accelerator.is_main_process):
@@ -201,7 +227,8 @@ def main_metric(result: dict) -> float:
 def evaluate_checkpoint(model, data, output_dir=None, overrides=None, progress: bool = True) -> dict:
     """Score a checkpoint (posbias or Hugging Face QA folder) on a QA file; writes predictions,
     metrics and the run's config/versions into `output_dir` when given."""
-    return evaluate_file(model, data, output_dir, overrides, "qa", evaluate_dataset, progress=progress)
+    return evaluate_file(model, data, output_dir, overrides, "qa", partial(evaluate_dataset, model_name=str(model)),
+                         progress=progress)
 
 
 def predict_checkpoint(model, question: str | None = None, context: str | None = None, data=None,
@@ -238,7 +265,7 @@ def predict_checkpoint(model, question: str | None = None, context: str | None =
                     raise ConfigError(f"{name} {reason}")
             examples, source = [QAExample(id="q0", question=question, context=context)], "<command line>"
         preds, nbest, null_odds, _, _ = predict_examples(net, tokenizer, cfg, examples, source=source,
-                                                         progress=progress)
+                                                         progress=progress, model_name=str(model))
         if out is not None:
             write_predictions(out, preds, nbest, null_odds)
             write_run_meta(out, cfg, "predict", model, source, t0, skipped=skipped)

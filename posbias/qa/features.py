@@ -3,11 +3,15 @@
 Shape legend: n windows; L_i tokens in window i (no padding is stored: padding happens per batch).
 Each window is `[CLS] question [SEP] context-part [SEP]` (or context first for tokenizers that pad
 on the left, like XLNet), so a long context becomes several overlapping windows (`stride`).
+Windows are assembled from each question and each context tokenized once (`PairLayout`,
+`TokenizedTexts`): SQuAD asks ~5 questions of a paragraph, and the pair encoding would tokenize
+the paragraph again for each. Tokenizers the layout does not describe get the tokenizer's own windows.
 """
 from __future__ import annotations
 
 import random
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -144,31 +148,250 @@ def _label_tokens(offsets: np.ndarray, char_start: int, char_end: int) -> tuple[
     return int(s), int(e)
 
 
-def _max_context(offsets: list[np.ndarray], windows: list[int]) -> None:
-    """Mark, for one example's windows, where each context token has its maximal context.
+def _max_context(offsets: list[np.ndarray], example_index) -> list[np.ndarray]:
+    """Mark, in every window, the context tokens to which this window gives maximal context.
 
     Score of a token in a window = min(tokens left, tokens right) + 0.01 * window context length
-    (Devlin et al.'s run_squad rule). Tokens are identified across windows by their character start.
-    Returns a list of bool arrays parallel to `windows`.
+    (Devlin et al.'s run_squad rule), compared across the windows of one example. Tokens are
+    identified across windows by their character start. One sort for all the windows: (example,
+    character start), then descending score, then the earlier window (the stable original's tie rule).
+    Returns a bool array per window.
     """
-    keys, scores, owner, pos = [], [], [], []
-    for w in windows:
-        ctx = np.flatnonzero(offsets[w][:, 0] >= 0)
-        n = len(ctx)
-        rank = np.arange(n)
-        keys.append(offsets[w][ctx, 0])
-        scores.append(np.minimum(rank, n - 1 - rank) + 0.01 * n)
-        owner.append(np.full(n, w))
-        pos.append(ctx)
-    keys, scores, owner, pos = map(np.concatenate, (keys, scores, owner, pos))
-    # Sort by key, then by descending score (ties: earlier window wins, as the stable original).
-    order = np.lexsort((owner, -scores, keys))
+    lengths = np.array([len(o) for o in offsets], dtype=np.int64)  # (windows,)
+    if not len(offsets):
+        return []
+    every = np.concatenate(offsets)  # (tokens, 2) all windows' offsets
+    flat = np.flatnonzero(every[:, 0] >= 0)  # (ctx tokens,) index of each context token in `every`
+    owner = np.repeat(np.arange(len(offsets)), lengths)[flat]  # its window
+    n = np.bincount(owner, minlength=len(offsets))  # (windows,) context tokens of each window
+    rank = np.arange(len(flat)) - (np.cumsum(n) - n)[owner]  # position among its window's context
+    size = n[owner]
+    scores = np.minimum(rank, size - 1 - rank) + 0.01 * size
+    keys = every[flat, 0]
+    example = np.asarray(example_index, dtype=np.int64)[owner]
+    order = np.lexsort((owner, -scores, keys, example))
     first = np.ones(len(order), bool)
-    first[1:] = keys[order][1:] != keys[order][:-1]
-    masks = {w: np.zeros(len(offsets[w]), bool) for w in windows}
-    for w, p in zip(owner[order][first], pos[order][first]):
-        masks[w][p] = True
-    return [masks[w] for w in windows]
+    first[1:] = (keys[order][1:] != keys[order][:-1]) | (example[order][1:] != example[order][:-1])
+    mask = np.zeros(int(lengths.sum()), bool)
+    mask[flat[order][first]] = True
+    return [m.copy() for m in np.split(mask, np.cumsum(lengths)[:-1])]
+
+
+@dataclass(frozen=True)
+class PairLayout:
+    """Where a tokenizer puts the special tokens of a pair: ids (and token types) before, between
+    and after the two sequences, and the token type of each sequence.
+
+    A fast tokenizer encodes a pair as each text encoded alone, then truncated, then this template
+    put around the two (the tokenizers library's order: encode, truncate, post-process). So the
+    windows of `tokenizer(question, context, return_overflowing_tokens=True)` can be assembled from
+    the question and the context tokenized once each, however many questions share a context.
+    """
+
+    parts: tuple[np.ndarray, np.ndarray, np.ndarray]
+    part_types: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # None: the tokenizer has no type ids
+    seq_types: tuple[int, int]
+
+    @property
+    def added(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Two pairs of different lengths: a layout that depended on the texts would differ between them.
+_PROBES = (("what is it?", "a b c d e f"), ("who", "one two three four five six seven"))
+
+
+def pair_layout(tokenizer) -> PairLayout | None:
+    """The tokenizer's `PairLayout`, or None when its pairs are not a fixed template around the two
+    sequences encoded alone (ids, types and offsets compared on two probe pairs), or when it
+    truncates on the left: windows then come from the tokenizer itself (`_encode`)."""
+    if getattr(tokenizer, "truncation_side", "right") != "right":
+        return None
+    try:
+        return _LAYOUTS[tokenizer]
+    except KeyError:
+        pass
+    except TypeError:  # not weak-referenceable or not hashable: probe each time
+        return _probe_layout(tokenizer)
+    layout = _LAYOUTS[tokenizer] = _probe_layout(tokenizer)
+    return layout
+
+
+def _probe_layout(tokenizer) -> PairLayout | None:
+    found = []
+    for a, b in _PROBES:
+        try:
+            pair = tokenizer(a, b, return_offsets_mapping=True, return_attention_mask=False)
+            alone = [{"input_ids": ids.tolist(), "offset_mapping": offs.tolist()}
+                     for ids, offs in TokenizedTexts(tokenizer).tokens_of([a, b])]
+        except Exception:  # noqa: BLE001  (any failure: the tokenizer's own windows are used)
+            return None
+        ids, seq = pair["input_ids"], pair.sequence_ids(0)
+        spans = []
+        for k in (0, 1):
+            at = [i for i, x in enumerate(seq) if x == k]
+            if not at or at != list(range(at[0], at[-1] + 1)):
+                return None
+            if ids[at[0]:at[-1] + 1] != alone[k]["input_ids"]:
+                return None
+            if [tuple(x) for x in pair["offset_mapping"][at[0]:at[-1] + 1]] != [tuple(x) for x in alone[k]["offset_mapping"]]:
+                return None
+            spans.append((at[0], at[-1] + 1))
+        (a0, a1), (b0, b1) = spans
+        if a1 > b0:
+            return None
+        cuts = ((0, a0), (a1, b0), (b1, len(ids)))
+        parts = tuple(tuple(ids[lo:hi]) for lo, hi in cuts)
+        if "token_type_ids" in pair:
+            types = pair["token_type_ids"]
+            if len(set(types[a0:a1])) != 1 or len(set(types[b0:b1])) != 1:
+                return None
+            part_types = tuple(tuple(types[lo:hi]) for lo, hi in cuts)
+            seq_types = (types[a0], types[b0])
+        else:
+            part_types, seq_types = None, (0, 0)
+        found.append((parts, part_types, seq_types))
+    if found[0] != found[1]:
+        return None
+    parts, part_types, seq_types = found[0]
+    def arr(xs):
+        return tuple(np.array(x, dtype=np.int64) for x in xs)
+
+    return PairLayout(arr(parts), arr(part_types) if part_types is not None else None, seq_types)
+
+
+class TokenizedTexts:
+    """Token ids and character offsets of texts tokenized alone (no special tokens), each distinct
+    text once while it stays among the most recently used `max_tokens` tokens (12 bytes a token).
+
+    SQuAD asks ~5 questions of each paragraph: the windows of all of them reuse one tokenization.
+    """
+
+    def __init__(self, tokenizer, max_tokens: int = 1 << 21):
+        self.tokenizer, self.max_tokens = tokenizer, max_tokens
+        self._held: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # text -> (ids, offsets); last used last
+        self._tokens = 0
+
+    def _backend(self):
+        """The Rust tokenizer, where calling it directly is exactly what `tokenizer(texts,
+        add_special_tokens=False)` does, minus transformers' conversion of every encoding to Python
+        lists: no truncation or padding left set on it by an earlier call (transformers sets them per
+        call and leaves them), special tokens split as transformers would, and transformers' own
+        `_encode_plus` (no tokenizer class of its own in between). Else None."""
+        from transformers import PreTrainedTokenizerFast
+
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if (backend is None or type(self.tokenizer)._encode_plus is not PreTrainedTokenizerFast._encode_plus
+                or backend.truncation is not None or backend.padding is not None
+                or backend.encode_special_tokens != bool(getattr(self.tokenizer, "split_special_tokens", False))):
+            return None
+        return backend
+
+    def tokens_of(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(ids (L,) int32, offsets (L, 2) int32) of each text."""
+        missing = list(dict.fromkeys(t for t in texts if t not in self._held))
+        got = {}
+        if missing:
+            backend = self._backend()
+            if backend is not None:
+                encoded = ((e.ids, e.offsets) for e in backend.encode_batch(missing, add_special_tokens=False))
+            else:
+                # verbose=False: a context longer than the model is expected here (it becomes windows)
+                enc = self.tokenizer(missing, add_special_tokens=False, return_offsets_mapping=True,
+                                     return_attention_mask=False, return_token_type_ids=False, verbose=False)
+                encoded = zip(enc["input_ids"], enc["offset_mapping"])
+            for t, (ids, offs) in zip(missing, encoded):
+                got[t] = (np.array(ids, dtype=np.int32), np.array(offs, dtype=np.int32).reshape(-1, 2))
+        out = []
+        for t in texts:
+            hit = self._held.pop(t, None)
+            if hit is None:
+                hit = got[t]
+                self._tokens += len(hit[0])
+            self._held[t] = hit  # most recently used last
+            out.append(hit)
+        if self._tokens > self.max_tokens:
+            for t in list(self._held):
+                if self._tokens <= self.max_tokens:
+                    break
+                self._tokens -= len(self._held.pop(t)[0])
+        return out
+
+
+def _window_spans(n_other: int, n: int, *, added: int, max_seq_len: int, stride: int) -> list[tuple[int, int]] | None:
+    """[start, stop) token spans of the truncated sequence (n tokens) in each window beside the other
+    sequence (n_other tokens): the tokenizers library's `truncate` with overflow (windows every
+    budget - stride tokens until one reaches the end). None where the tokenizer would fail."""
+    total = n_other + n + added
+    if total <= max_seq_len:
+        return [(0, n)]
+    budget = n - (total - max_seq_len)
+    if budget <= 0 or stride >= budget:
+        return None  # the tokenizer raises: `_encode` reports it
+    spans, start = [], 0
+    while True:
+        stop = min(start + budget, n)
+        spans.append((start, stop))
+        if stop == n:
+            return spans
+        start += budget - stride
+
+
+def _encode_spans(examples: list[QAExample], texts: TokenizedTexts, layout: PairLayout, *, max_seq_len: int,
+                  stride: int, max_query_len: int, ctx_first: bool):
+    """`_encode`'s windows as (example, question tokens, context tokens, [start, stop) of the context)
+    from texts tokenized alone, plus the number of questions cut; None where the tokenizer would
+    fail (`_encode` then raises its error)."""
+    questions = [e.question.lstrip() for e in examples]  # as `_encode`
+    q_tok = texts.tokens_of(questions)
+    cut = {i: q[: int(t[1][max_query_len - 1, 1])] for i, (q, t) in enumerate(zip(questions, q_tok))
+           if len(t[0]) > max_query_len}
+    if cut:  # `_truncate_questions`: the cut text is tokenized again
+        for i, t in zip(cut, texts.tokens_of(list(cut.values()))):
+            q_tok[i] = t
+    c_tok = texts.tokens_of([e.context for e in examples])
+    windows = []
+    for i, (q, c) in enumerate(zip(q_tok, c_tok)):
+        spans = _window_spans(len(q[0]), len(c[0]), added=layout.added, max_seq_len=max_seq_len, stride=stride)
+        if spans is None:
+            return None
+        windows.extend((i, q, c, a, b) for a, b in spans)
+    return windows, len(cut)
+
+
+def _assemble(windows, layout: PairLayout, *, ctx_first: bool, cls_id: int | None):
+    """Per window: input_ids, token_type_ids (or None), offsets (-1 outside the context), question
+    mask and [CLS] position, as `build_qa_features` reads them from the tokenizer's encoding."""
+    (pre, mid, suf), part_types = layout.parts, layout.part_types
+    t_first, t_second = layout.seq_types
+    # [CLS] in the template before both sequences: its first position is fixed
+    fixed_cls = next((i for i, x in enumerate(pre.tolist()) if x == cls_id), None)
+    ids, types, offs, qmask, cls_idx = [], [], [], [], []
+    for _, (q_ids, _), (c_ids, c_off), a, b in windows:
+        first, second = (c_ids[a:b], q_ids) if ctx_first else (q_ids, c_ids[a:b])
+        x = np.concatenate([pre, first, mid, second, suf])  # int64: the template's dtype wins
+        lo1 = len(pre)
+        lo2 = lo1 + len(first) + len(mid)
+        (c_lo, c_hi), (q_lo, q_hi) = ((lo1, lo1 + len(first)), (lo2, lo2 + len(second))) if ctx_first else \
+            ((lo2, lo2 + len(second)), (lo1, lo1 + len(first)))
+        o = np.full((len(x), 2), -1, np.int64)
+        o[c_lo:c_hi] = c_off[a:b]
+        m = np.zeros(len(x), bool)
+        m[q_lo:q_hi] = True
+        ids.append(x)
+        offs.append(o)
+        qmask.append(m)
+        if part_types is not None:
+            pt0, pt1, pt2 = part_types
+            types.append(np.concatenate([pt0, np.full(len(first), t_first, np.int64), pt1,
+                                         np.full(len(second), t_second, np.int64), pt2]))
+        if fixed_cls is None:
+            cls = np.flatnonzero(x == cls_id) if cls_id is not None else ()
+            cls_idx.append(int(cls[0]) if len(cls) else 0)
+        else:
+            cls_idx.append(fixed_cls)
+    return ids, types if part_types is not None else None, offs, qmask, cls_idx
 
 
 def _encode(examples: list[QAExample], tokenizer, *, max_seq_len: int, stride: int, max_query_len: int,
@@ -198,6 +421,44 @@ def _encode(examples: list[QAExample], tokenizer, *, max_seq_len: int, stride: i
     return enc, n_cut
 
 
+def _windows(examples: list[QAExample], tokenizer, *, max_seq_len: int, stride: int, max_query_len: int,
+             ctx_first: bool, source: str, texts: TokenizedTexts | None = None) -> dict:
+    """Every window of the examples, before labels: input_ids, token_type_ids (None without),
+    offsets (-1 outside the context), question_mask, cls_index, example_index (lists, one entry
+    a window) and questions_cut. Assembled from each text tokenized once (`PairLayout`) where the
+    tokenizer allows, else read from its pair encoding (`_encode`); the two agree to the token."""
+    cls_id = tokenizer.cls_token_id
+    layout = pair_layout(tokenizer)
+    found = None
+    if layout is not None:
+        found = _encode_spans(examples, texts or TokenizedTexts(tokenizer), layout, max_seq_len=max_seq_len,
+                              stride=stride, max_query_len=max_query_len, ctx_first=ctx_first)
+    if found is not None:
+        spans, n_cut = found
+        ids, types, offs, qmask, cls_idx = _assemble(spans, layout, ctx_first=ctx_first, cls_id=cls_id)
+        return {"input_ids": ids, "token_type_ids": types, "offsets": offs, "question_mask": qmask,
+                "cls_index": cls_idx, "example_index": [w[0] for w in spans], "questions_cut": n_cut}
+    enc, n_cut = _encode(examples, tokenizer, max_seq_len=max_seq_len, stride=stride,
+                         max_query_len=max_query_len, ctx_first=ctx_first, source=source)
+    ctx_seq = 0 if ctx_first else 1
+    has_types = "token_type_ids" in enc
+    out = {"input_ids": [], "token_type_ids": [] if has_types else None, "offsets": [], "question_mask": [],
+           "cls_index": [], "example_index": list(enc["overflow_to_sample_mapping"]), "questions_cut": n_cut}
+    for w in range(len(out["example_index"])):
+        seq_ids = enc.sequence_ids(w)
+        o = np.array(enc["offset_mapping"][w], dtype=np.int64).reshape(-1, 2)
+        o[np.array([s != ctx_seq for s in seq_ids])] = -1
+        input_ids = np.array(enc["input_ids"][w], dtype=np.int64)
+        cls = np.flatnonzero(input_ids == cls_id) if cls_id is not None else np.array([], int)
+        out["input_ids"].append(input_ids)
+        if has_types:
+            out["token_type_ids"].append(np.array(enc["token_type_ids"][w], dtype=np.int64))
+        out["offsets"].append(o)
+        out["question_mask"].append(np.array([sid == 1 - ctx_seq for sid in seq_ids], dtype=bool))
+        out["cls_index"].append(int(cls[0]) if len(cls) else 0)
+    return out
+
+
 def build_qa_features(
     examples: list[QAExample],
     tokenizer,
@@ -213,6 +474,7 @@ def build_qa_features(
     seed: int = 0,
     source: str = "<examples>",
     doc_stride: int | None = None,
+    texts: TokenizedTexts | None = None,
 ) -> QAFeatures:
     """Tokenize examples into windows; with `train`, attach span labels.
 
@@ -231,6 +493,7 @@ def build_qa_features(
             "auto" is the behaviour before issue 29 (cls for v2, drop for v1) and this function's
             default for direct callers; runs take `data.unanswerable_windows` (default cls).
         source: file name used in error messages.
+        texts: texts tokenized earlier, to reuse (`StreamedFeatures`); else a new store.
     """
     if doc_stride is not None:
         warnings.warn("build_qa_features(doc_stride=...) is now stride=...", FutureWarning, stacklevel=2)
@@ -242,11 +505,10 @@ def build_qa_features(
         from .labels import first_answer as label_policy  # binds the parameter's default, only when none is given
     unanswerable_windows = resolve_unanswerable_windows(unanswerable_windows, version)
     ctx_first = resolve_context_first(tokenizer, context_first)
-    enc, n_cut = _encode(examples, tokenizer, max_seq_len=max_seq_len, stride=stride,
-                         max_query_len=max_query_len, ctx_first=ctx_first, source=source)
+    windows = _windows(examples, tokenizer, max_seq_len=max_seq_len, stride=stride, max_query_len=max_query_len,
+                       ctx_first=ctx_first, source=source, texts=texts)
+    n_cut = windows.pop("questions_cut")
 
-    ctx_seq = 0 if ctx_first else 1
-    cls_id = tokenizer.cls_token_id
     rng = random.Random(seed)
     labels: dict[int, tuple[int, int] | None] = {}
     if train:
@@ -265,14 +527,9 @@ def build_qa_features(
 
     ids, types, offs, qmask, cls_idx, ex_idx, starts, ends = [], [], [], [], [], [], [], []
     n_dropped = n_null = 0
-    has_types = "token_type_ids" in enc
-    for w, ex in enumerate(enc["overflow_to_sample_mapping"]):
-        seq_ids = enc.sequence_ids(w)
-        o = np.array(enc["offset_mapping"][w], dtype=np.int64).reshape(-1, 2)
-        o[np.array([s != ctx_seq for s in seq_ids])] = -1
-        input_ids = np.array(enc["input_ids"][w], dtype=np.int64)
-        cls = np.flatnonzero(input_ids == cls_id) if cls_id is not None else np.array([], int)
-        c = int(cls[0]) if len(cls) else 0
+    has_types = windows["token_type_ids"] is not None
+    for w, ex in enumerate(windows["example_index"]):
+        o, input_ids, c = windows["offsets"][w], windows["input_ids"][w], windows["cls_index"][w]
         s = t = -1
         if train:
             span = labels[ex]
@@ -289,22 +546,16 @@ def build_qa_features(
             else:
                 s, t = tok
         ids.append(input_ids)
-        types.append(np.array(enc["token_type_ids"][w], dtype=np.int64) if has_types else None)
+        types.append(windows["token_type_ids"][w] if has_types else None)
         offs.append(o)
-        qmask.append(np.array([sid == 1 - ctx_seq for sid in seq_ids], dtype=bool))
+        qmask.append(windows["question_mask"][w])
         cls_idx.append(c)
         ex_idx.append(ex)
         starts.append(s)
         ends.append(t)
 
     ex_idx_arr = np.array(ex_idx, dtype=np.int64)
-    max_ctx: list[np.ndarray | None] = [None] * len(offs)
-    by_example: dict[int, list[int]] = {}
-    for w, ex in enumerate(ex_idx):
-        by_example.setdefault(ex, []).append(w)
-    for windows in by_example.values():
-        for w, m in zip(windows, _max_context(offs, windows)):
-            max_ctx[w] = m
+    max_ctx = _max_context(offs, ex_idx_arr)
 
     stats = {
         "examples": len(examples),
@@ -312,7 +563,7 @@ def build_qa_features(
         "questions_truncated": n_cut,
         "windows_dropped_without_answer": n_dropped,
         "windows_labelled_null": n_null,
-        "examples_without_window": len(examples) - len(by_example),
+        "examples_without_window": len(examples) - len(np.unique(ex_idx_arr)),
         "mean_window_tokens": float(np.mean([len(x) for x in ids])) if ids else 0.0,
     }
     if train:
@@ -331,16 +582,25 @@ def build_qa_features(
 
 
 def window_lengths(examples: list[QAExample], tokenizer, *, max_seq_len: int = 384, stride: int = 128,
-                   max_query_len: int = 64, context_first: str = "auto",
-                   source: str = "<examples>") -> tuple[np.ndarray, np.ndarray]:
+                   max_query_len: int = 64, context_first: str = "auto", source: str = "<examples>",
+                   texts: TokenizedTexts | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(lengths (n,), example_index (n,)) of the windows `build_qa_features(..., train=False)` makes,
-    without building them (evaluation windows are never dropped: one per tokenizer window)."""
+    without building them (evaluation windows are never dropped: one per tokenizer window).
+    `texts`: as `build_qa_features`'s, which then reuses what this call tokenized."""
     check_fast_tokenizer(tokenizer)
     if not examples:
         raise DataError(source, None, "no examples to build features from")
-    enc, _ = _encode(examples, tokenizer, max_seq_len=max_seq_len, stride=stride,
-                     max_query_len=max_query_len, ctx_first=resolve_context_first(tokenizer, context_first),
-                     source=source, offsets=False)
+    ctx_first = resolve_context_first(tokenizer, context_first)
+    layout = pair_layout(tokenizer)
+    if layout is not None:
+        found = _encode_spans(examples, texts or TokenizedTexts(tokenizer), layout, max_seq_len=max_seq_len,
+                              stride=stride, max_query_len=max_query_len, ctx_first=ctx_first)
+        if found is not None:
+            spans = found[0]
+            lengths = [layout.added + len(q[0]) + b - a for _, q, _, a, b in spans]
+            return np.array(lengths, dtype=np.int64), np.array([w[0] for w in spans], dtype=np.int64)
+    enc, _ = _encode(examples, tokenizer, max_seq_len=max_seq_len, stride=stride, max_query_len=max_query_len,
+                     ctx_first=ctx_first, source=source, offsets=False)
     lengths = np.array([len(x) for x in enc["input_ids"]], dtype=np.int64)
     return lengths, np.array(enc["overflow_to_sample_mapping"], dtype=np.int64)
 
@@ -379,13 +639,15 @@ class StreamedFeatures:
     """
 
     def __init__(self, examples: list[QAExample], tokenizer, *, chunk_chars: int = 1 << 18,
-                 cache_tokens: int = 1 << 18, **options):
+                 cache_tokens: int = 1 << 18, text_cache_tokens: int = 1 << 21, **options):
         """options: the window keywords of `build_qa_features` (max_seq_len, stride, max_query_len,
-        context_first, source)."""
-        self.examples, self.tokenizer, self.options = examples, tokenizer, options
+        context_first, source). text_cache_tokens: tokens of tokenized questions and contexts kept
+        from the first pass for the windows' building (`TokenizedTexts`)."""
+        self.examples, self.tokenizer = examples, tokenizer
+        self.options = {**options, "texts": TokenizedTexts(tokenizer, text_cache_tokens)}
         self.cache_tokens = cache_tokens
         chunks = example_chunks(examples, chunk_chars) or [(0, 0)]  # no examples: window_lengths raises
-        parts = [window_lengths(examples[lo:hi], tokenizer, **options) for lo, hi in chunks]
+        parts = [window_lengths(examples[lo:hi], tokenizer, **self.options) for lo, hi in chunks]
         self.lengths = np.concatenate([n for n, _ in parts])
         self.example_index = np.concatenate([ex + lo for (_, ex), (lo, _) in zip(parts, chunks)])
         counts = np.bincount(self.example_index, minlength=len(examples))
@@ -393,6 +655,7 @@ class StreamedFeatures:
         self._left = counts.copy()  # windows of each example not selected yet
         self._tokens = np.bincount(self.example_index, weights=self.lengths, minlength=len(examples))
         self._cache: dict[int, QAFeatures] = {}  # example -> its windows (insertion order = last use)
+        self._held = 0.0  # tokens of the cached examples' windows
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -400,13 +663,21 @@ class StreamedFeatures:
     def _trim(self, keep: int | None) -> None:
         """Over budget: drop the least recently used examples but `keep`; their remaining windows are
         rebuilt when asked for."""
-        held = sum(self._tokens[e] for e in self._cache)
         for e in list(self._cache):
-            if held <= self.cache_tokens:
+            if self._held <= self.cache_tokens:
                 break
             if e != keep:
-                held -= self._tokens[e]
-                del self._cache[e]
+                self._pop(e)
+
+    def _put(self, e: int, feats: QAFeatures) -> None:
+        self._cache[e] = feats  # most recently used last
+        self._held += self._tokens[e]
+
+    def _pop(self, e: int) -> QAFeatures | None:
+        feats = self._cache.pop(e, None)
+        if feats is not None:
+            self._held -= self._tokens[e]
+        return feats
 
     def select(self, idx) -> QAFeatures:
         """Windows `idx` (file numbering), in that order; example indices are the file's.
@@ -430,12 +701,12 @@ class StreamedFeatures:
                 picked[e, w] = (feats.input_ids[w], None if feats.token_type_ids is None else feats.token_type_ids[w],
                                 feats.offsets[w], feats.max_context[w], int(feats.cls_index[w]),
                                 feats.question_mask[w])
-            self._cache[e] = feats  # most recently used last
+            self._put(e, feats)
             self._trim(keep=e)
 
         cached = [e for e in need if e in self._cache]
         for e in cached:
-            take(e, self._cache.pop(e))
+            take(e, self._pop(e))
         missing = [e for e in need if e not in set(cached)]
         # Examples are built together up to the cache's token budget (one tokenizer call for many
         # short ones), a long one alone.
@@ -464,6 +735,6 @@ class StreamedFeatures:
         np.subtract.at(self._left, ex, 1)
         for e in need:
             if self._left[e] <= 0:  # every window of the example is done
-                self._cache.pop(e, None)
+                self._pop(e)
         self._trim(keep=ex[-1].item() if len(ex) else None)
         return out

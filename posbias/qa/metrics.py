@@ -26,6 +26,7 @@ best-threshold walk (it is not counted among the "abstain" starting points).
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 import string
@@ -39,16 +40,18 @@ from posbias.limits import data_limit, load_json
 from .readers import read_qa
 
 VERSIONS = ("1.1", "2.0")
-_PUNCT = frozenset(string.punctuation)
+_DROP_PUNCT = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def normalize_answer(s: str) -> str:
     """Lower case, drop punctuation, drop articles, collapse whitespace, in the official order.
 
     The order matters: punctuation goes before articles, so "the-cat" -> "thecat" keeps "the".
+    Cached: scoring normalises each prediction once per gold text, twice (EM and F1).
     """
-    s = "".join(ch for ch in s.lower() if ch not in _PUNCT)
+    s = s.lower().translate(_DROP_PUNCT)  # the official set(string.punctuation), dropped
     s = _ARTICLES.sub(" ", s)
     return " ".join(s.split())
 
@@ -68,11 +71,15 @@ def f1(prediction: str, gold: str, version: str = "1.1") -> float:
     """
     _check_version(version)
     pred_toks = normalize_answer(prediction).split()
-    gold_toks = normalize_answer(gold).split()
+    return _f1_tokens(pred_toks, Counter(pred_toks), normalize_answer(gold).split(), version)
+
+
+def _f1_tokens(pred_toks: list[str], pred_bag: Counter, gold_toks: list[str], version: str) -> float:
+    """`f1` of normalised token lists (`pred_bag` = Counter(pred_toks), built once per prediction)."""
     if version == "2.0" and (not pred_toks or not gold_toks):
         # v2.0 treats "no tokens" as the no-answer prediction: right only if both abstain.
         return float(pred_toks == gold_toks)
-    num_same = sum((Counter(pred_toks) & Counter(gold_toks)).values())
+    num_same = sum((pred_bag & Counter(gold_toks)).values())
     if num_same == 0:
         return 0.0
     precision = num_same / len(pred_toks)
@@ -120,23 +127,32 @@ def per_question(
         else:
             # v2.0 drops gold texts that normalise to nothing; none left = only "" is right.
             texts = [t for t in texts if normalize_answer(t)] or [""]
+        # exact_match and f1 of each gold text, the prediction normalised once
+        norm = normalize_answer(pred)
+        toks = norm.split()
+        bag = Counter(toks)
+        golds = [normalize_answer(t) for t in texts]
         scores[qid] = (
-            max(exact_match(pred, t) for t in texts),
-            max(f1(pred, t, version) for t in texts),
+            max(float(norm == g) for g in golds),
+            max(_f1_tokens(toks, bag, g.split(), version) for g in golds),
         )
     if na_probs is not None:
         scores = _apply_na_threshold(scores, gold, predictions, na_probs, na_prob_thresh)
     return scores
 
 
-def squad_v1(gold: Mapping[str, list[str]], predictions: Mapping[str, str]) -> dict:
+def squad_v1(gold: Mapping[str, list[str]], predictions: Mapping[str, str],
+             scores: Mapping[str, tuple[float, float]] | None = None) -> dict:
     """The official SQuAD v1.1 result: percentages over all gold questions.
 
+    Args:
+        scores: `per_question(gold, predictions, "1.1")` when the caller has it already.
     Returns:
         {"exact_match", "f1": percentages, "total": gold questions, "missing": gold ids without
         a prediction, "extra": prediction ids not in gold (ignored)}.
     """
-    scores = per_question(gold, predictions, "1.1")
+    if scores is None:
+        scores = per_question(gold, predictions, "1.1")
     total = _check_total(scores)
     return {
         "exact_match": 100.0 * sum(em for em, _ in scores.values()) / total,
@@ -185,6 +201,26 @@ def squad_v2(
     return out
 
 
+PERCENTAGES = frozenset({"exact_match", "exact", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1",
+                         "best_exact", "best_f1"})
+"""The keys of a QA result (at any depth: `by_answer_length`, ...) that are percentages, 0..100."""
+
+
+def check_ranges(result: dict) -> None:
+    """Raise rather than let a result be written with a number that is not finite, or a percentage
+    (`PERCENTAGES`) outside 0..100. Scores from strings cannot produce either; only a bug can, and a
+    report must not show it as a finding."""
+    stack = [("", result)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in x.items())
+        elif isinstance(x, float) and not (math.isfinite(x) and (where.rsplit(".", 1)[-1] not in PERCENTAGES
+                                                                  or 0.0 <= x <= 100.0)):
+            raise RuntimeError(f"QA metrics: {where} = {x} is outside its range (a percentage is 0..100, "
+                               "every value finite); not written")
+
+
 def score_files(
     data_path: str | Path,
     predictions_path: str | Path,
@@ -207,18 +243,21 @@ def score_files(
 
     Raises:
         DataError: a file is not valid JSON or not an object of the expected value type.
-        ValueError: unknown version, or na_prob_path with v1.1.
+        ConfigError: unknown version, or na_prob_path with v1.1 (a ValueError).
     """
     if version not in (*VERSIONS, "auto"):
-        raise ValueError(f"version must be one of 1.1, 2.0, auto; got {version!r}")
+        raise ConfigError(f"version must be one of 1.1, 2.0, auto; got {version!r}")
     dataset = read_qa(data_path, on_bad_record="error", check_offsets=False)
+    why = "--version 1.1" if version == "1.1" else "it has no unanswerable question"
     if version == "auto":
         v2 = dataset.has_impossible or str(dataset.version).startswith("2")
         version = "2.0" if v2 else "1.1"
+    if version == "1.1" and na_prob_path is not None:
+        raise ConfigError(f"--na-probs {na_prob_path}: no-answer probabilities apply to SQuAD v2.0 scoring only, "
+                          f"and {data_path} is scored as v1.1 ({why}); leave out --na-probs, or score as v2.0 "
+                          "with --version 2.0")
     predictions = _read_json_object(predictions_path, (str,), "an answer string")
     if version == "1.1":
-        if na_prob_path is not None:
-            raise ValueError("a no-answer probability file only applies to SQuAD v2.0 scoring")
         return squad_v1(dataset.gold(), predictions)
     na_probs = None
     if na_prob_path is not None:
@@ -260,7 +299,7 @@ def _best_thresh(scores, gold, predictions, na_probs, total):
 
 def _na_prob(na_probs, qid):
     if qid not in na_probs:
-        raise ValueError(f"no-answer probability missing for predicted question {qid!r}")
+        raise ConfigError(f"no-answer probabilities (--na-probs): none for predicted question {qid!r}")
     return na_probs[qid]
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..outputs import check_not_input, safe_name, staged_output
+from ..render import md_escape
 from ..utils import atomic_write_json, atomic_write_text
 from .examples import QAExample
 from .readers import read_dataset
@@ -243,8 +244,8 @@ def _write_build(out: Path, parts: dict, inputs, label, seed, n_read, before, av
             "|---|---|---|---|---|---|"]
     rows.append(f"| original | all | {before['avg_question_words']:.2f} | {before['avg_context_words']:.2f} | "
                 f"{before['instances']:,} | {before['answerable']:,} |")
-    for part, s in stats["splits"].items():
-        rows.append(f"| {label} | {part} | {s['avg_question_words']:.2f} | {s['avg_context_words']:.2f} | "
+    for part, s in stats["splits"].items():  # a part is named by --name: users' text, escaped
+        rows.append(f"| {label} | {md_escape(part)} | {s['avg_question_words']:.2f} | {s['avg_context_words']:.2f} | "
                     f"{s['instances']:,} | {s['answerable']:,} |")
     rows += ["", _answer_sentence_table(stats), *_selection_notes(stats)]
     atomic_write_text(out / "stats.md", "\n".join(rows) + "\n")
@@ -259,7 +260,7 @@ def _answer_sentence_table(stats: dict) -> str:
             "| data set | split | " + " | ".join(buckets) + " |", "|---|---|" + "---|" * len(buckets)]
     for part, s in stats["splits"].items():
         cells = [f"{d['count']:,} ({100 * d['share']:.1f}%)" for d in s["answer_sentences"].values()]
-        rows.append(f"| {stats['label']} | {part} | " + " | ".join(cells) + " |")
+        rows.append(f"| {stats['label']} | {md_escape(part)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -273,10 +274,10 @@ def _selection_notes(stats: dict) -> list[str]:
         return [""] + notes if notes else []
     for part, c in stats["answer_sentence_kept"].items():
         notes.append(f"- Answer-sentence filter {stats['answer_sentence']}: kept {c['kept']:,} of {c['of']:,} "
-                     f"question(s) ({part}).")
+                     f"question(s) ({md_escape(part)}).")
     written = sorted({s["instances"] for s in stats["splits"].values()})
     each = (f"--sample {written[0]}" if len(written) == 1 else  # one --sample sizes every part alike
-            "--sample " + ", ".join(f"{s['instances']} ({part})" for part, s in stats["splits"].items()))
+            "--sample " + ", ".join(f"{s['instances']} ({md_escape(part)})" for part, s in stats["splits"].items()))
     notes.append(f"- Matching random control: the same command without --answer-sentence, with "
                  f"--exclude-ambiguous and {each} (the instances written here; same --seed).")
     return [""] + notes

@@ -33,7 +33,8 @@ class RetrievalDiagnosis:
                        help="texts per forward batch (default 64)")
         p.add_argument("--max-queries", type=cli_args.positive_int, default=None,
                        help="the first N questions of the file only")
-        p.add_argument("--cache-dir", default=None, help="keep embeddings here (safetensors) for the next run")
+        p.add_argument("--cache-dir", type=cli_args.folder, default=None,
+                       help="keep embeddings here (safetensors) for the next run")
         p.add_argument("--seed", type=cli_args.integer, default=0, help="the paired variant's filler order (default 0)")
         cli_args.verdict_args(p, "questions")
         p.add_argument("--device", default="auto", help=cli_args.DEVICE_HELP)

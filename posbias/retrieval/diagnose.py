@@ -24,7 +24,7 @@ from ..analysis import verdict as V
 from ..errors import ConfigError
 from ..outputs import staged_output
 from ..qa.readers import read_dataset
-from ..render import Document, data_label, fmt, pyplot
+from ..render import Document, data_label, fmt, md_escape, pyplot
 from ..utils import atomic_write_json, now_iso, versions
 from .bm25 import bm25_scores, check_available
 from .benchmark import (
@@ -101,6 +101,15 @@ def token_positions(rset: RetrievalSet, tokenizer) -> np.ndarray:
     return out
 
 
+def finite(emb: np.ndarray, embedder, what: str) -> np.ndarray:
+    """`emb` as `embedder.encode` returned it, refused in one line when it holds NaN or inf: any
+    embedder's (a user's own object too; `Embedder` refuses them per batch already)."""
+    if not np.isfinite(emb).all():
+        raise ConfigError(f"{embedder.source}: its {what} embeddings are NaN or infinite; posbias does not rank "
+                          "by them")
+    return emb
+
+
 def score_set(rset: RetrievalSet, embedder: Embedder | None, methods: tuple[str, ...], *, batch_size: int,
               chunk_tokens: int, cache_dir, timings: dict, progress: bool = False,
               q_emb: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -108,18 +117,21 @@ def score_set(rset: RetrievalSet, embedder: Embedder | None, methods: tuple[str,
     ranks = {}
     if q_emb is None and ("dense" in methods or "chunks" in methods):
         t = time.perf_counter()
-        q_emb = embedder.encode(rset.queries, "query", batch_size=batch_size, cache_dir=cache_dir, progress=progress)
+        q_emb = finite(embedder.encode(rset.queries, "query", batch_size=batch_size, cache_dir=cache_dir,
+                                       progress=progress), embedder, "query")
         timings[f"{rset.name}: encode queries"] = time.perf_counter() - t
     if "dense" in methods:
         t = time.perf_counter()
-        p_emb = embedder.encode(rset.passages, "document", batch_size=batch_size, cache_dir=cache_dir, progress=progress)
+        p_emb = finite(embedder.encode(rset.passages, "document", batch_size=batch_size, cache_dir=cache_dir,
+                                       progress=progress), embedder, "passage")
         timings[f"{rset.name}: encode passages"] = time.perf_counter() - t
         ranks["dense"] = ranks_from_blocks(dense_blocks(q_emb, p_emb), rset.gold)
         timings.setdefault("gold_similarity", {})[rset.name] = float(np.einsum("qd,qd->q", q_emb, p_emb[rset.gold]).mean())
     if "chunks" in methods:
         texts, owner = chunk_passages(rset.passages, embedder.tokenizer, chunk_tokens)
         t = time.perf_counter()
-        c_emb = embedder.encode(texts, "document", batch_size=batch_size, cache_dir=cache_dir, progress=progress)
+        c_emb = finite(embedder.encode(texts, "document", batch_size=batch_size, cache_dir=cache_dir,
+                                       progress=progress), embedder, "chunk")
         timings[f"{rset.name}: encode {len(texts):,} chunks"] = time.perf_counter() - t
         ranks["chunks"] = ranks_from_blocks(maxsim_blocks(q_emb, c_emb, owner, len(rset.passages)), rset.gold)
     if "bm25" in methods:
@@ -241,8 +253,8 @@ def _diagnose(embedder: Embedder, ds, examples, out: Path, final: Path, methods,
         sets = positioned_sets(examples, embedder.count_tokens, window, seed=seed)
         if sets[POSITIONS[0]].queries:
             # the same questions at every position: embedded once
-            q_emb = embedder.encode(sets[POSITIONS[0]].queries, "query", batch_size=batch_size, cache_dir=cache_dir,
-                                    progress=progress)
+            q_emb = finite(embedder.encode(sets[POSITIONS[0]].queries, "query", batch_size=batch_size,
+                                           cache_dir=cache_dir, progress=progress), embedder, "query")
             pranks = {pos: score_set(s, embedder, methods, batch_size=batch_size, chunk_tokens=chunk_tokens,
                                      cache_dir=cache_dir, timings=timings, progress=progress, q_emb=q_emb)
                       for pos, s in sets.items()}
@@ -354,10 +366,12 @@ def _report(res: dict, out: Path, plots: list[Path]) -> None:
             doc.paragraph("Mean similarity of a question to its own document: "
                           + ", ".join(f"{p} {v:.4f}" for p, v in sims.items()) + ".")
     doc.heading("Setup")
-    doc.bullets([(f"model: {m['model']} ({m['kind']}, {m['similarity']} similarity, max length {m['max_length']} "
-                  f"tokens), on {m['device']} in {m['precision']['precision']} ({m['precision']['reason']})"),
-                 f"data: {data_label(res['data'])}: {res['questions']:,} answerable questions over {res['passages']:,} "
-                 "passages",
+    # The bullets are Markdown: the user's model and file names (and an embedder's own words) escaped.
+    doc.bullets([(f"model: {md_escape(m['model'])} ({md_escape(m['kind'])}, {m['similarity']} similarity, max "
+                  f"length {m['max_length']} tokens), on {md_escape(m['device'])} in {m['precision']['precision']} "
+                  f"({md_escape(m['precision']['reason'])})"),
+                 f"data: {md_escape(data_label(res['data']))}: {res['questions']:,} answerable questions over "
+                 f"{res['passages']:,} passages",
                  "times: " + ", ".join(f"{k} {v:.1f} s" for k, v in res["timings_s"].items())])
     captions = {"ndcg_by_position": "NDCG@10 by answer position",
                 "paired_positions": "NDCG@10 with the same paragraph at the start, middle or end"}

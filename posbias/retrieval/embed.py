@@ -3,7 +3,8 @@
 - A sentence-transformers folder (`modules.json`): encoded by sentence-transformers itself, so the
   model's own pooling, normalisation, dense layers and query/document prompts apply
   (`encode_query` / `encode_document`). Only sentence-transformers' own module types are accepted:
-  a folder naming other module code is refused (posbias never runs a folder's code).
+  a folder naming other module code, or module files outside itself, is refused before
+  sentence-transformers reads it (posbias never runs a folder's code).
 - A plain Hugging Face encoder folder (`config.json`, no `modules.json`): mean pooling of the last
   hidden states over the attention mask, L2-normalised (cosine similarity), stated in the report.
 - `minilm` (the bundled MiniLM, a sentence-transformers folder) or a Hub id in the local cache.
@@ -20,7 +21,7 @@ import json
 import sys
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -74,6 +75,7 @@ class Embedder:
             raise ValueError(f"role must be query or document, got {role!r}")
         file = None
         if cache_dir is not None:
+            check_cache_dir(cache_dir)  # before the embedding, not when its result is written
             key = hashlib.sha256(json.dumps([self.fingerprint, self.kind, self.max_length, self.precision.name,
                                              role], sort_keys=True).encode())
             for t in texts:
@@ -110,13 +112,38 @@ class Embedder:
             fn = getattr(self.model, f"encode_{role}", None) or self.model.encode  # its prompts, if it has them
             emb = fn(texts, batch_size=batch_size, convert_to_numpy=False, convert_to_tensor=True,
                      show_progress_bar=False)
-            return emb.float().cpu().numpy()
+            return self._finite(emb.float(), role).cpu().numpy()
         enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
         enc = {k: v.to(self.device) for k, v in enc.items()}
         with torch.inference_mode():
             hidden = self.model(**enc).last_hidden_state.float()  # (b, s, d)
         mask = enc["attention_mask"].unsqueeze(-1).float()  # (b, s, 1)
-        return ((hidden * mask).sum(1) / mask.sum(1).clamp(min=1)).cpu().numpy()  # mean pooling (b, d)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)  # mean pooling (b, d)
+        return self._finite(pooled, role).cpu().numpy()
+
+    def _finite(self, emb, role: str):
+        """`emb` (b, d), refused in one line when it holds NaN or inf: such embeddings rank every
+        passage at once (NaN compares false), and NDCG@10 came out as 170 for a model of NaN weights.
+        Checked per batch on the device, before anything is cached."""
+        import torch
+
+        if not bool(torch.isfinite(emb).all()):
+            why = "its weights hold NaN/inf"
+            if self.precision.name in ("bf16", "fp16"):
+                why += f", or {self.precision.name} overflows: try --precision fp32"
+            raise ConfigError(f"{self.source}: the model's {role} embeddings are NaN or infinite ({why}); "
+                              "posbias does not rank by them")
+        return emb
+
+
+def check_cache_dir(cache_dir) -> None:
+    """Refuse a `--cache-dir` that cannot become a folder (an existing file, or a path through one)."""
+    for p in (Path(cache_dir), *Path(cache_dir).parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ConfigError(f"--cache-dir {cache_dir}: {p} is an existing file, not a folder"
+                                  if p == Path(cache_dir) else f"--cache-dir {cache_dir}: {p} is an existing file")
+            return
 
 
 def _read_cache(file: Path, n: int) -> np.ndarray | None:
@@ -126,7 +153,11 @@ def _read_cache(file: Path, n: int) -> np.ndarray | None:
         arr = load_file(str(file))["embeddings"]
     except Exception:  # noqa: BLE001 - a damaged cache entry is recomputed, not fatal
         return None
-    return arr.astype(np.float32) if arr.ndim == 2 and arr.shape[0] == n else None
+    if arr.ndim != 2 or arr.shape[0] != n or not np.isfinite(arr).all():
+        # Not what `encode` writes (it refuses NaN/inf before caching): a damaged or edited entry,
+        # recomputed from the model and overwritten like any other damaged one.
+        return None
+    return arr.astype(np.float32)
 
 
 def _write_cache(file: Path, arr: np.ndarray) -> None:
@@ -151,7 +182,8 @@ def _fingerprint(folder: str) -> str:
 
 
 def check_st_modules(folder: str) -> list[dict]:
-    """modules.json's modules, refused in one line when one is not sentence-transformers' own."""
+    """modules.json's modules, refused in one line when one is not sentence-transformers' own (`st_module`)
+    or its files lie outside the folder (`module_path`), before sentence-transformers reads any of them."""
     from ..limits import load_json
 
     file = Path(folder) / "modules.json"
@@ -159,11 +191,55 @@ def check_st_modules(folder: str) -> list[dict]:
     if not isinstance(mods, list) or not all(isinstance(m, dict) for m in mods):
         raise ConfigError(f"{file}: not a list of modules")
     for m in mods:
+        name = m.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{file}: a module's name must be a string, got {name!r}")
         kind = m.get("type")
-        if not (isinstance(kind, str) and kind.startswith(ST_PREFIX)):
-            raise ConfigError(f"{file}: module {m.get('name', '?')!r} is {kind!r}, code outside sentence-transformers; "
-                              "posbias does not run a model folder's code")
+        if not st_module(kind):
+            raise ConfigError(f"{file}: module {name!r} is {kind!r}, code outside sentence-transformers' own modules "
+                              f"({ST_PREFIX}models.{'/'.join(sorted(ST_MODULES))}); posbias does not run a model "
+                              "folder's code")
+        if not module_path(folder, m.get("path")):
+            raise ConfigError(f"{file}: module {name!r} has the path {m.get('path')!r}, not a folder inside "
+                              f"{folder}; posbias reads a model's files from its own folder only")
     return mods
+
+
+# sentence-transformers' own module classes (`sentence_transformers.models`, 2.x to 6.x; its base
+# classes Module and InputModule are not modules of a model).
+ST_MODULES = frozenset({"Asym", "BoW", "CLIPModel", "CNN", "Dense", "Dropout", "LayerNorm", "LSTM", "Normalize",
+                        "Pooling", "Router", "StaticEmbedding", "Transformer", "WeightedLayerPooling",
+                        "WordEmbeddings", "WordWeights"})
+
+
+ST_PACKAGES = {("models",), ("base", "modules"), ("sentence_transformer", "modules")}
+"""Where sentence-transformers keeps those classes (`models`: 2.x to 5.x, and 6.x's alias of the others)."""
+
+
+def st_module(kind) -> bool:
+    """Whether a modules.json `type` names one of `ST_MODULES` in one of `ST_PACKAGES`, as each version
+    writes it: `sentence_transformers.models.Pooling` (2.x to 5.x) or
+    `sentence_transformers.sentence_transformer.modules.pooling.Pooling` (6.x, with its file's module).
+    Dotted Python names only: `sentence_transformers.models..evil.X` would make it import elsewhere."""
+    if not isinstance(kind, str) or not kind.startswith(ST_PREFIX):
+        return False
+    parts = kind.split(".")
+    if not all(p.isidentifier() and p.isascii() for p in parts) or parts[-1] not in ST_MODULES:
+        return False
+    inner = tuple(parts[1:-1])
+    return inner in ST_PACKAGES or (len(inner) > 1 and inner[:-1] in ST_PACKAGES)
+
+
+def module_path(folder: str, path) -> bool:
+    """Whether a modules.json `path` names the folder itself ("") or a folder inside it: relative in
+    POSIX and Windows syntax, no `..`, and inside it once symbolic links are followed."""
+    if not isinstance(path, str) or "\0" in path:
+        return False
+    win = PureWindowsPath(path)
+    if win.anchor or ".." in win.parts or Path(path).is_absolute():
+        return False
+    root = Path(folder).resolve()
+    return (root / path).resolve().is_relative_to(root)
 
 
 def load_embedder(spec: str, *, device: str = "auto", precision: str = "auto", max_length: int | None = None,
@@ -190,7 +266,11 @@ def load_embedder(spec: str, *, device: str = "auto", precision: str = "auto", m
         # posbias load: `quiet_transformers`); the logging state is restored after it.
         with warnings.catch_warnings(), quiet_transformers():
             warnings.simplefilter("ignore")
-            model = SentenceTransformer(folder, device=str(dev), local_files_only=True, trust_remote_code=False)
+            try:
+                model = SentenceTransformer(folder, device=str(dev), local_files_only=True, trust_remote_code=False)
+            except ImportError as e:  # a module `check_st_modules` let through that this version lacks
+                raise ConfigError(f"{key}: {folder}: sentence-transformers cannot import a module its modules.json "
+                                  f"names ({' '.join(str(e).split())[:200]})") from None
         if max_length is not None:
             model.max_seq_length = max_length
         model.eval()

@@ -23,6 +23,8 @@ def gold_ranks(scores: np.ndarray, gold: np.ndarray) -> np.ndarray:
     gold = np.asarray(gold, dtype=np.int64)
     if scores.ndim != 2 or gold.shape != (scores.shape[0],):
         raise ValueError(f"gold_ranks: scores (q, p) and gold (q,) expected, got {scores.shape} and {gold.shape}")
+    if np.isnan(scores).any():  # NaN compares false: a gold passage of NaN would rank 0.5, NDCG@10 171
+        raise ValueError("gold_ranks: the scores hold NaN")
     own = scores[np.arange(len(gold)), gold][:, None]  # (q, 1)
     above = (scores > own).sum(axis=1)
     tied = (scores == own).sum(axis=1) - 1  # the gold passage itself is not a tie
@@ -51,5 +53,12 @@ METRICS = {"NDCG@10": lambda r: ndcg_at(r, 10), "recall@1": lambda r: recall_at(
 
 
 def per_query(ranks: np.ndarray) -> dict[str, np.ndarray]:
-    """Every metric of `METRICS` per query, in points (0..100)."""
-    return {name: 100.0 * fn(ranks) for name, fn in METRICS.items()}
+    """Every metric of `METRICS` per query, in points (0..100); a value outside that range (a rank
+    below 1 or NaN) raises instead of reaching a report."""
+    out = {name: 100.0 * fn(ranks) for name, fn in METRICS.items()}
+    for name, v in out.items():
+        bad = ~((v >= 0.0) & (v <= 100.0))  # NaN fails both comparisons
+        if bad.any():
+            raise ValueError(f"per_query: {name} {v[bad][0]} is outside 0..100 points (gold rank "
+                             f"{np.asarray(ranks, dtype=np.float64)[bad][0]}; a rank is >= 1)")
+    return out

@@ -395,7 +395,7 @@ def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles="model", mod
         result = position_eval(net, tokenizer, ds, k_max=k_max, quantiles=tuple(quantiles) if quantiles else None,
                                modes=tuple(modes), max_len=max_len, batch_tokens=batch_tokens, progress=progress,
                                length_pool=pool, own_subtokens=learns_word_labels(cfg.data.label_subtokens, net.scheme),
-                               keep_counts=True)
+                               keep_counts=True, model_name=str(model))
         result["model"] = str(model)
         result["data_name"] = data_label(data if isinstance(data, (str, Path, list, tuple)) else ds.path)
         lengths = np.array([len(e.words) for e in ds.examples])

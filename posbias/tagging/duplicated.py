@@ -48,6 +48,8 @@ from .features import first_subtokens, separator_id, special_tokens, tokenize_se
 from .schemes import convert, to_iob2_prefixes
 
 MODES = ("duplicate", "shift")
+# What a NaN-logits error calls a model given without a path (a Trainer's, through `posbias.hf`).
+MODEL_NAME = "the model being evaluated"
 SENTENCE_COUNTS = "sentence_counts"
 
 
@@ -136,11 +138,12 @@ class _Rows:
 
 
 def _predict_rows(model, rows: _Rows, build, device, batch_tokens: int, pad_id: int,
-                  progress: bool, desc: str, subtokens: bool = False):
+                  progress: bool, desc: str, subtokens: bool = False, model_name: str = MODEL_NAME):
     """Run every row, longest first, in batches of at most `batch_tokens` padded tokens; returns per
     row the (copies, W) predicted label ids, and with `subtokens` per row the (copies, L) ids at
     every sub-token (else None). `build(row) -> (ids (s,), position ids or None, first-token
-    positions (n_copies, W), every body token's position (n_copies, L))`."""
+    positions (n_copies, W), every body token's position (n_copies, L))`. Logits with NaN or inf
+    are refused in one line naming `model_name` (argmax would still tag every word)."""
     order = np.argsort(-rows.length, kind="stable")
     out: list[np.ndarray | None] = [None] * len(order)
     sub_out: list[np.ndarray | None] | None = [None] * len(order) if subtokens else None
@@ -164,7 +167,11 @@ def _predict_rows(model, rows: _Rows, build, device, batch_tokens: int, pad_id: 
             batch = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
             if pos is not None:
                 batch["position_ids"] = torch.from_numpy(pos).to(device)
-            label = model(batch)["logits"].argmax(-1).cpu().numpy()  # (b, s)
+            logits = model(batch)["logits"]  # (b, s, c)
+            if not bool(torch.isfinite(logits).all()):  # one reduction and one host sync per batch
+                raise ConfigError(f"{model_name}: the model's logits are NaN or infinite (its weights hold NaN/inf, "
+                                  "or its precision overflows); posbias does not decode them")
+            label = logits.argmax(-1).cpu().numpy()  # (b, s)
             for j, r in enumerate(idx):
                 out[r] = label[j, built[j][2]]  # (copies, W)
                 if sub_out is not None:
@@ -239,7 +246,7 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
                   quantiles: tuple[float, float] | None = (0.25, 0.75), modes=MODES, max_len: int | None = None,
                   batch_tokens: int = 16_384, progress: bool = True,
                   length_pool: tuple[np.ndarray, list[str]] | None = None, own_subtokens: bool = False,
-                  keep_counts: bool = False) -> dict:
+                  keep_counts: bool = False, model_name: str = MODEL_NAME) -> dict:
     """F1(α), Prec(α), Rec(α) (POS: accuracy(α)) and the authors' sub-token F1(α) of `model` on
     D*_test(k), k = 1..k_max, overall and per class, in `duplicate` and/or `shift` mode (module
     docstring); returns a JSON-able dict. Entities are scored in the data's own scheme (a BIOES
@@ -258,6 +265,7 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
             else each word's prediction on all its sub-tokens.
         keep_counts: also keep, per mode, the per-sentence counts of the ratio metrics (NumPy, not
             JSON; `sentence_counts` takes them out) for intervals over sentences.
+        model_name: what an error about NaN or infinite logits calls the model (its path).
     """
     unknown = set(modes) - set(MODES)
     if unknown or not modes:
@@ -324,7 +332,7 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
                                                   getattr(net, "position_pad", 0)))
             tokens_run += int(rows.length.sum())
             preds, sub_preds = _predict_rows(net, rows, build, device, batch_tokens, tokenizer.pad_token_id, progress,
-                                             f"{mode} k<= {k_max}", subtokens=own_subtokens)
+                                             f"{mode} k<= {k_max}", subtokens=own_subtokens, model_name=model_name)
             cells = scorer.cells(mode, rows, preds, k_max, sub_preds)
             # shift: one cell per α (its value does not depend on k), so it has no std over k
             result[mode] = {"cells": cells, "by_alpha": _by_alpha(cells, k_max, scorer.keys, scorer.classes, "f1")}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,8 @@ from .inputs import read_for
 from .model import generic_label_names
 from .schemes import convert, parse_tag
 
+# What a NaN-logits error calls a model evaluated without a path (training's periodic evaluation).
+MODEL_NAME = "the model being evaluated"
 WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)  # raw text -> words (runs of word characters, or punctuation)
 
 
@@ -42,13 +45,15 @@ def _unwrap(model):
 
 def run_windows(model, features: TaggingFeatures, n_words: np.ndarray, *, pad_id: int, padding_side: str,
                 batch_size: int, max_tokens: int | None = None, accelerator=None,
-                progress: bool = True, subtokens: bool = False):
+                progress: bool = True, subtokens: bool = False, model_name: str = MODEL_NAME):
     """Predicted label id of every word, as one flat array over the sentences' words in order.
 
     With an accelerator the windows are split across processes and the predictions gathered on
     every process. Each word is predicted by exactly one window (`features.predict`).
     `subtokens`: also return the predictions at every sub-token of each word in that window, as
     (word (T,), label id (T,)): T sub-tokens sorted by their flat word index, in text order.
+    Logits with NaN or inf are refused in one line naming `model_name`: argmax would still pick a
+    label for every word, and the F1 of a model of NaN weights would look like a finding.
     """
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     device = accelerator.device if accelerator else next(model.parameters()).device
@@ -67,6 +72,9 @@ def run_windows(model, features: TaggingFeatures, n_words: np.ndarray, *, pad_id
             # The model itself, not its DDP wrapper: a DDP forward syncs buffers with the other
             # processes, which run other numbers of batches here (none with fewer windows than processes).
             logits = _unwrap(model)(move(batch, device))["logits"]  # (b, s, c)
+            if not bool(torch.isfinite(logits).all()):  # one reduction and one host sync per batch
+                raise ConfigError(f"{model_name}: the model's logits are NaN or infinite (its weights hold NaN/inf, "
+                                  "or its precision overflows); posbias does not decode them")
             label = logits[pick.to(device)].argmax(-1).cpu().numpy()  # (words in batch,)
             rows = np.nonzero(pick.numpy())[0]
             sent = features.example_index[idx[rows]]
@@ -102,14 +110,14 @@ def run_windows(model, features: TaggingFeatures, n_words: np.ndarray, *, pad_id
 
 
 def predict_examples(model, tokenizer, cfg, examples: list[TaggingExample], *, source: str, accelerator=None,
-                     progress: bool = True, subtokens: bool = False):
+                     progress: bool = True, subtokens: bool = False, model_name: str = MODEL_NAME):
     """Predicted tags of every sentence. `subtokens`: also, per sentence, the predicted tag at every
     sub-token and (W,) the sub-tokens of each word (`subtoken_predictions`)."""
     feats = eval_features(examples, tokenizer, cfg, source)
     n_words = np.array([len(e.words) for e in examples], dtype=np.int64)
     ran = run_windows(model, feats, n_words, pad_id=tokenizer.pad_token_id, padding_side=tokenizer.padding_side,
                       batch_size=cfg.train.eval_batch_size, max_tokens=cfg.train.eval_batch_tokens,
-                      accelerator=accelerator, progress=progress, subtokens=subtokens)
+                      accelerator=accelerator, progress=progress, subtokens=subtokens, model_name=model_name)
     ids, (sub_word, sub_ids) = ran if subtokens else (ran, (None, None))
     names = np.array(_unwrap(model).labels, dtype=object)
     bounds = np.cumsum(n_words)[:-1]
@@ -123,7 +131,7 @@ def predict_examples(model, tokenizer, cfg, examples: list[TaggingExample], *, s
 
 
 def evaluate_dataset(model, tokenizer, cfg, dataset: TaggingDataset, out_dir=None, *, accelerator=None,
-                     progress: bool = True) -> dict:
+                     progress: bool = True, model_name: str = MODEL_NAME) -> dict:
     """Predict, score and (main process) write predictions.conll (word, gold, predicted) and metrics.json.
 
     Entities are scored in the data's own scheme (`metrics.scoring_schemes`): a BIOES model on an
@@ -137,7 +145,8 @@ def evaluate_dataset(model, tokenizer, cfg, dataset: TaggingDataset, out_dir=Non
         raise ConfigError(columns.scheme_mismatch(dataset, net.labels, net.scheme))
     pos = net.scheme == "none"
     preds, (sub_preds, counts) = predict_examples(model, tokenizer, cfg, dataset.examples, source=dataset.path,
-                                                  accelerator=accelerator, progress=progress, subtokens=True)
+                                                  accelerator=accelerator, progress=progress, subtokens=True,
+                                                  model_name=model_name)
     model_preds = preds  # in the model's labels: the sub-token F1 scores them as they are
     examples, model_gold = dataset.examples, [e.tags for e in dataset.examples]
     if not pos:
@@ -164,6 +173,7 @@ def evaluate_dataset(model, tokenizer, cfg, dataset: TaggingDataset, out_dir=Non
     unknown = sorted({t for s in model_gold for t in s} - set(net.labels))
     if unknown:
         result["gold_tags_unknown_to_model"] = unknown
+    metrics.check_ranges(result)
     if out_dir is not None and (accelerator is None or accelerator.is_main_process):
         write_predictions(out_dir, examples, preds)
         atomic_write_json(Path(out_dir) / "metrics.json", result)
@@ -259,17 +269,19 @@ def align_labels(dataset: TaggingDataset, labels: list[str], scheme: str, label_
     return dataset
 
 
-def _evaluate_aligned(model, tokenizer, cfg, dataset, out_dir=None, *, progress: bool = True) -> dict:
+def _evaluate_aligned(model, tokenizer, cfg, dataset, out_dir=None, *, progress: bool = True,
+                      model_name: str = MODEL_NAME) -> dict:
     net = _unwrap(model)
     aligned = align_labels(dataset, net.labels, net.scheme, cfg.data.label_map,
                            label_source=getattr(net, "label_source", None))
-    return evaluate_dataset(model, tokenizer, cfg, aligned, out_dir, progress=progress)
+    return evaluate_dataset(model, tokenizer, cfg, aligned, out_dir, progress=progress, model_name=model_name)
 
 
 def evaluate_checkpoint(model, data, output_dir=None, overrides=None, progress: bool = True) -> dict:
     """Score a checkpoint (posbias or Hugging Face token-classification folder) on a tagging file;
     writes predictions, metrics and the run's config/versions into `output_dir` when given."""
-    return evaluate_file(model, data, output_dir, overrides, "tagging", _evaluate_aligned, progress=progress)
+    return evaluate_file(model, data, output_dir, overrides, "tagging",
+                         partial(_evaluate_aligned, model_name=str(model)), progress=progress)
 
 
 def split_words(text: str) -> tuple[list[str], list[tuple[int, int]]]:
@@ -306,7 +318,8 @@ def predict_checkpoint(model, text: str | None = None, data=None, output_dir=Non
             if not words:
                 raise ConfigError("text has no words to tag")
             examples, source = [TaggingExample("text", words)], "<command line>"
-        preds = predict_examples(net, tokenizer, cfg, examples, source=source, progress=progress)
+        preds = predict_examples(net, tokenizer, cfg, examples, source=source, progress=progress,
+                                 model_name=str(model))
         scheme = net.scheme
         if data is not None and net.scheme != "none" and ds.scheme != "none":
             # Tags written in the data's own scheme, as evaluate writes and scores them (a BIOES

@@ -16,6 +16,7 @@ All numbers are percentages.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,23 @@ def tag_scores(gold: list[list[str]], pred: list[list[str]]) -> dict:
 
 
 SUBTOKEN_F1 = "f1_seqeval_subtoken"
+PERCENTAGES = frozenset({"precision", "recall", "f1", "accuracy", "macro_f1", SUBTOKEN_F1})
+"""The keys of a tagging result (at any depth: `per_class`) that are percentages, 0..100."""
+
+
+def check_ranges(result: dict) -> None:
+    """Raise rather than let a result be written with a number that is not finite, or a percentage
+    (`PERCENTAGES`) outside 0..100. Counts of tags cannot produce either; only a bug can, and a report
+    must not show it as a finding."""
+    stack = [("", result)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in x.items())
+        elif isinstance(x, float) and not (math.isfinite(x) and (where.rsplit(".", 1)[-1] not in PERCENTAGES
+                                                                  or 0.0 <= x <= 100.0)):
+            raise RuntimeError(f"tagging metrics: {where} = {x} is outside its range (a percentage is 0..100, "
+                               "every value finite); not written")
 
 
 def seqeval_subtoken_f1(gold: list[list[str]], pred: list[list[str]], scheme: str = "none") -> float:

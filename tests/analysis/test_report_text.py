@@ -141,7 +141,7 @@ def test_diagnose_tagging_with_hostile_class_names(hostile_tagging, tmp_path):
     md = (tmp_path / "diag" / "diagnosis.md").read_text(encoding="utf-8")
     per_class = md.split("## Per class")[1].split("##")[0]
     assert {line.split(" | ")[0] for line in per_class.splitlines() if line.startswith("| ") and "---" not in line} \
-        == {"| class", "| a\\|b", "| &lt;script&gt;alert(1)&lt;/script&gt;", "| $\\\\undefinedcmd$"}
+        == {"| class", "| a\\|b", "| &lt;script&gt;alert(1)&lt;/script&gt;", "| \\$\\\\undefinedcmd\\$"}
     page = (tmp_path / "diag" / "diagnosis.html").read_text(encoding="utf-8")
     assert "<td>&lt;script&gt;alert(1)&lt;/script&gt;</td>" in page and "<td>a|b</td>" in page
     assert all((tmp_path / "diag" / n).stat().st_size > 0 for n in ("per_class.png", "class_positions.png"))

@@ -205,5 +205,5 @@ def test_n_best_below_one_is_refused(models, capsys):
         main(["predict", "qa", "--model", models["qa"], "--question", "Who?", "--context", "Ann met Bob.",
               "--n-best", "0"])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == ("posbias predict qa: error: argument --n-best: must be an "
-                                                         "integer >= 1, got 0")
+    assert capsys.readouterr().err.splitlines() == ["posbias: error: argument --n-best: must be an integer >= 1, "
+                                                    "got 0 (see: posbias predict qa --help)"]

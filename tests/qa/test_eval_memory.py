@@ -180,7 +180,9 @@ def test_many_questions_on_one_long_context_are_built_one_example_at_a_time(toke
 
     Measured here, 40 questions on one 40,000-character context, against the traced memory of
     building one example's windows (5.2 MiB): 86.2 MiB before (16.6 such builds), 25.9 MiB now
-    (most of it the n-best candidates of the ~4,800 windows, which evaluation keeps)."""
+    (most of it the n-best candidates of the windows, which evaluation keeps). Since windows are
+    assembled from texts tokenized once (`features.PairLayout`), one build costs 2.6 MiB and the
+    peak is 20.8 MiB (8.1 builds)."""
     import dataclasses
 
     small_chunks(monkeypatch, chunk_chars=6000, cache_tokens=400)
@@ -199,7 +201,7 @@ def test_many_questions_on_one_long_context_are_built_one_example_at_a_time(toke
     finally:
         tracemalloc.stop()
     assert len(preds) == 40
-    assert peak < 8 * one, f"peak {peak / 2**20:.1f} MiB, one example's windows {one / 2**20:.1f} MiB"
+    assert peak < 12 * one, f"peak {peak / 2**20:.1f} MiB, one example's windows {one / 2**20:.1f} MiB"
 
 
 def test_freed_memory_is_released_every_few_batches_not_every_batch(tokenizer, demo_examples, monkeypatch):

@@ -30,6 +30,36 @@ def test_normalize_answer(raw, normalized):
     assert normalize_answer(raw) == normalized
 
 
+def _official_normalize(s: str) -> str:
+    """normalize_answer of the official evaluate-v1.1.py / evaluate-v2.0.py, verbatim in substance."""
+    import re
+    import string
+
+    def remove_articles(text):
+        return re.sub(r"\b(a|an|the)\b", " ", text)
+
+    def white_space_fix(text):
+        return " ".join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return "".join(ch for ch in text if ch not in exclude)
+
+    return white_space_fix(remove_articles(remove_punc(s.lower())))
+
+
+def test_normalize_answer_equals_the_official_on_every_punctuation_and_case():
+    import random
+    import string
+
+    rng = random.Random(0)
+    alphabet = string.printable + "İßÅéñ—–“”‘’…·«»\u00a0\u2009"
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(2000)]
+    texts += ["the" + p + "an" for p in string.punctuation]
+    for t in texts:
+        assert normalize_answer(t) == _official_normalize(t), repr(t)
+
+
 def test_exact_match_uses_normalization():
     assert exact_match("The Eiffel Tower.", "eiffel tower") == 1.0
     assert exact_match("Eiffel Towers", "eiffel tower") == 0.0

@@ -1,0 +1,57 @@
+"""A store whose run holds NaN or inf in its metrics is refused in one line naming the store and the
+run, before any mean, t-test or report is made of it (`aggregation.load_results`)."""
+import json
+import os
+import subprocess
+from contextlib import closing
+
+import pytest
+
+from posbias.errors import ConfigError
+from posbias.experiment import load_results
+from posbias.experiment.store import connect
+
+from helpers import BIN, CPU_ONLY_ENV
+
+GOOD = {"val": {"exact_match": 50.0, "f1": 60.0, "total": 4}}
+
+
+def make_store(exp_dir, bad_metrics_json: str):
+    """A store of two finished runs of one method; the second's metrics_json is `bad_metrics_json`."""
+    db = exp_dir / "experiment.sqlite"
+    with closing(connect(db)) as conn, conn:
+        for seed, metrics in ((1, json.dumps(GOOD)), (2, bad_metrics_json)):
+            conn.execute("INSERT INTO runs (name, method, seed, dataset, train_size, config_json, output_dir, status, "
+                         "metrics_json) VALUES (?, 'base', ?, 'squad', 0, '{}', ?, 'finished', ?)",
+                         (f"base/seed{seed}", seed, str(exp_dir / "runs" / f"seed{seed}"), metrics))
+    return db
+
+
+@pytest.mark.parametrize("text, shown", [
+    (json.dumps({"val": {"exact_match": 50.0, "f1": float("nan"), "total": 4}}), "nan at val.f1"),
+    ('{"val": {"exact_match": Infinity, "f1": 1.0}}', "inf at val.exact_match"),
+    ('{"val": {"by_answer_length": {"01": {"f1": -1e999}}}}', "-inf at val.by_answer_length.01.f1"),
+], ids=["nan", "Infinity", "overflowing literal"])
+def test_a_run_with_non_finite_metrics_is_refused_naming_store_and_run(tmp_path, text, shown):
+    db = make_store(tmp_path, text)
+    with pytest.raises(ConfigError, match=f"^{db}: run 'base/seed2': its metrics_json holds {shown}; a metric is "
+                                          "a finite number"):
+        load_results(tmp_path)
+
+
+def test_the_report_command_refuses_it_in_one_line_with_exit_2(tmp_path):
+    db = make_store(tmp_path, json.dumps({"val": {**GOOD["val"], "f1": float("nan")}}))
+    out = tmp_path / "report"
+    r = subprocess.run([str(BIN / "posbias"), "experiment", "report", str(tmp_path), "--output-dir", str(out)],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **CPU_ONLY_ENV})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr == f"posbias: error: {db}: run 'base/seed2': its metrics_json holds nan at val.f1; a metric " \
+                       "is a finite number, and a mean or t-test over this one would print it as a finding\n"
+    assert not out.exists()  # refused before the output folder is made
+
+
+def test_finite_metrics_still_load(tmp_path):
+    make_store(tmp_path, json.dumps({"val": {"exact_match": 40.0, "f1": 55.5, "total": 4}}))
+    runs = load_results(tmp_path)["runs"]
+    assert [r["metrics"]["val"]["f1"] for r in runs] == [60.0, 55.5]
