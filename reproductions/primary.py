@@ -44,7 +44,7 @@ from posbias.experiment.aggregation import load_results, metric_value  # noqa: E
 
 ALPHA = 0.05
 DIRECTIONS = ("greater", "less")
-STATS = ("diff", "ci_low", "ci_high", "p", "p_holm", "p_size", "n", "family")
+STATS = ("diff", "ci_low", "ci_high", "p", "p_holm", "p_size", "n", "family", "arm_mean", "versus_mean")
 
 
 def tests_of(row: dict) -> list[dict]:
@@ -89,7 +89,8 @@ def seed_values(test: dict, arm: dict) -> dict[int, float]:
 
 
 def compute(test: dict) -> dict:
-    """One primary test, unadjusted: {n, diff, ci_low, ci_high (the two-sided 95% t-interval), p
+    """One primary test, unadjusted: {n, diff, arm_mean, versus_mean (over the paired seeds), ci_low,
+    ci_high (the two-sided 95% t-interval), p
     (one-sided in the paper's direction), p_size (one-sided: smaller than the paper's), smaller (bool)}.
     n < 2: p, interval and p_size NaN."""
     from scipy import stats
@@ -104,7 +105,8 @@ def compute(test: dict) -> dict:
     n = len(d)
     sign = 1.0 if test["direction"] == "greater" else -1.0
     out = {"n": n, "diff": sum(d) / n if n else math.nan, "p": math.nan, "p_size": math.nan, "smaller": False,
-           **t_interval(d)}
+           "arm_mean": sum(arm[s] for s in seeds) / n if n else math.nan,
+           "versus_mean": sum(versus[s] for s in seeds) / n if n else math.nan, **t_interval(d)}
     if n < 2:
         return out
     mean = out["diff"]
