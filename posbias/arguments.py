@@ -60,6 +60,19 @@ bootstrap_samples = _integer(0, 10**6, name="bootstrap_samples")
 seed_int = _integer(0, 2**32 - 1, name="seed")  # NumPy's and Python's seeding range
 unit_float = _number(0.0, 1.0, name="unit_float")
 points = _number(0.0, 100.0, name="points")  # a score in points, 0..100
+ratio = _number(1.0, name="ratio")  # a compression ratio: 1 leaves positions as they are
+
+
+def unit_floats(text: str) -> list[float]:
+    """`--depths 0,0.25,0.5`: fractions in [0, 1], separated by commas."""
+    try:
+        return [unit_float(part) for part in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected fractions in [0, 1] separated by commas (e.g. 0,0.5,1), "
+                                         f"got {text!r}") from None
+
+
+unit_floats.bad = ["", "a", "0.5,", "1.5", "0,nan", "-inf"]
 
 
 def gpus(text: str) -> str:

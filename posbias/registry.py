@@ -119,7 +119,8 @@ class Registry:
 TASKS = Registry("task", builtin={"qa": "posbias.qa", "tagging": "posbias.tagging"})
 # Diagnoses of models that no task trains (`posbias diagnose NAME`): each adds its own sub-parser to
 # the CLI (`name`, `cli_help`, `cli_commands`, `add_cli_arguments`, as a task does).
-DIAGNOSES = Registry("diagnosis", builtin={"retrieval": "posbias.retrieval.command"})
+DIAGNOSES = Registry("diagnosis", builtin={"retrieval": "posbias.retrieval.command",
+                                          "generation": "posbias.generation.command"})
 # Heads declare `debias=True` when `train.debias` can act on them (`posbias.qa.debias`).
 HEADS = Registry("head")
 LABEL_POLICIES = Registry("label policy")

@@ -98,6 +98,22 @@ def _json_chunks(obj, indent: int | None):
     yield ("\n" if indent is not None else "") + "}"
 
 
+def check_ranges(result: dict, percentages, what: str) -> None:
+    """Raise rather than let a metrics dict (nested at any depth) be written with a number that is not
+    finite, or a percentage (a key in `percentages`) outside 0..100. Scores computed from strings or
+    counts cannot produce either; only a bug can, and a report must not show it as a finding.
+    `what` names the metrics in the message ("QA metrics")."""
+    stack = [("", result)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in x.items())
+        elif isinstance(x, float) and not (math.isfinite(x) and (where.rsplit(".", 1)[-1] not in percentages
+                                                                  or 0.0 <= x <= 100.0)):
+            raise RuntimeError(f"{what}: {where} = {x} is outside its range (a percentage is 0..100, "
+                               "every value finite); not written")
+
+
 def named_os_error(e: BaseException, path) -> BaseException:
     """`e`, or for an OS error that names no file or only a temporary one (a write on a full disk,
     mkstemp in a read-only folder) the same error naming `path`: the file the user knows."""

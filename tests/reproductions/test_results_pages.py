@@ -22,7 +22,8 @@ def _load(name: str):
 rp = _load("results_pages")
 cs = _load("check_summary")
 SUMMARY = yaml.safe_load((ROOT / "reproductions" / "summary.yaml").read_text(encoding="utf-8"))
-PAPERS = ["random-padding", "map", "token-positional-bias", "dyref", "first-sentence", "retrieval"]
+PAPERS = ["random-padding", "map", "token-positional-bias", "dyref", "first-sentence", "retrieval",
+          "lost-in-the-middle"]
 
 
 @pytest.fixture(scope="module")

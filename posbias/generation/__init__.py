@@ -1,0 +1,1 @@
+"""Position bias of causal language models: `posbias diagnose generation` (Liu et al., TACL 2024)."""

