@@ -189,7 +189,7 @@ FROZEN_GRIDS = {
     'archived/rp_squad_d50_3ep': '2c8bae6daf62a0f0',
     'archived/rp_squad_d50_bertpre': '8d9a3ebac8433248',
     'archived/tpb_conll_dstar': '5a997ea5d034c819',
-    'archived/tpb_conll_authors': 'e74cba36b61d0ab6',
+    'archived/tpb_conll_authors': '8175471157230485',  # seeds 4-5 joined the store: 15 runs
     'archived/tpb_ewt_authors': '79ee53686d711d72',  # seeds 4-5 joined the store: 15 runs
     'archived/first_sentence_alpha': 'af52ee9806af4742',
     'archived/tpb_ewt_dstar': 'c7a9a0790bada5e9',
@@ -206,7 +206,7 @@ SKIPPED = {
     "first_sentence_stress": (57, 57), "first_sentence_stress_gate": (2, 2), "map_k_sweep": (0, 15),
     "map_squad": (0, 12), "map_squad_bidaf": (0, 4), "map_squad_bidaf_4ep": (0, 9),
     "precision_parity_conll": (6, 6), "precision_parity_demo": (6, 6), "rp_squad_d50_bertpre": (6, 6),
-    "tpb_conll_authors": (9, 9), "tpb_ewt_authors": (15, 15), "first_sentence_alpha": (6, 6),
+    "tpb_conll_authors": (15, 15), "tpb_ewt_authors": (15, 15), "first_sentence_alpha": (6, 6),
     "rp_full": (2, 2), "tpb_conll_full": (2, 2), "rp_squad_d50": (9, 9), "rp_squad_d50_3ep": (6, 6),
     "dyref_full_cpu": (2, 2), "rp_squad_d50_3ep_reinit": (6, 6), "tpb_conll_authors_reinit": (6, 6),
     "map_e_forward": (3, 6),  # its map_e_forward runs name their checkpoint by path ({output_dir}), part of their hash

@@ -93,8 +93,8 @@ def test_a_page_number_is_the_store_value(text):
     task = next(t for t in SPEC["tasks"] if t["store"] == "tpb_conll_authors")
     cells = _row(_section(text, task["task"]), task["methods"]["cp"])
     want = f"{t['diff']:+.2f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}]".replace("-", M)
-    assert cells[1] == want == "+2.16 [1.01, 3.32]"
-    assert cells[3] == str(t["n"]) == "3"
+    assert cells[1] == want == "+2.75 [1.68, 3.82]"
+    assert cells[3] == str(t["n"]) == "5"
 
 
 def test_a_segment_is_aggregate_segments_value():
@@ -187,7 +187,7 @@ def test_optional_task_without_store_is_skipped(tmp_path):
     spec = {"tasks": [_task("tpb_conll_authors"), _task("absent_store", optional=True)]}
     text = wm.page(tmp_path, spec)
     assert "## Task on tpb_conll_authors" in text and "absent_store" not in text
-    assert _row(_section(text, "Task on tpb_conll_authors"), "CP")[1] == "+2.16 [1.01, 3.32]"
+    assert _row(_section(text, "Task on tpb_conll_authors"), "CP")[1] == "+2.75 [1.68, 3.82]"
 
 
 def test_required_task_without_store_is_an_error(tmp_path, capsys):
