@@ -48,7 +48,9 @@ class GenerationDiagnosis:
                        action=cli_args.Ordered, help="Ms-PoE's smallest and largest position compression ratio "
                                                      "(default 1.2 1.8, the paper's)")
         p.add_argument("--batch-size", type=cli_args.positive_int, default=8,
-                       help="prompts per forward batch (default 8; batches are also capped at 8192 tokens)")
+                       help="prompts per forward batch (default 8; batches are also capped by --batch-tokens)")
+        p.add_argument("--batch-tokens", type=cli_args.positive_int, default=8192,
+                       help="padded tokens per forward batch at most (default 8192; raise it on a large GPU)")
         p.add_argument("--cache-dir", type=cli_args.folder, default=None,
                        help="scores and converted GGUF models are kept here, so a killed or repeated run resumes "
                             "(default ~/.cache/posbias)")
@@ -59,6 +61,7 @@ class GenerationDiagnosis:
                        help="auto (default): bf16 where the hardware computes it natively, else fp32")
         cli_args.task_options(p, "k", "scorings", "mitigations", "max_questions", "max_prompt_tokens", "lengths",
                               "depths", "template", "chat", "max_new_tokens", "mspoe_ratios", "batch_size",
+                              "batch_tokens",
                               "cache_dir", "seed", "device", "precision")
 
 

@@ -40,7 +40,7 @@ from .analysis import paired_difference, position_verdict, sentence, u_text
 from .cache import ScoreCache, item_key
 from .lm import load_lm
 from .mspoe import ms_poe
-from .scoring import Encoded, Rate, answer_logprobs, encode_prompts, generate_answers, squad_scores
+from .scoring import MAX_BATCH_TOKENS, Encoded, Rate, answer_logprobs, encode_prompts, generate_answers, squad_scores
 
 SCORINGS = ("loglik", "generation")
 MITIGATIONS = ("reorder", "mspoe")
@@ -82,8 +82,10 @@ def default_cache_dir() -> Path:
 class Scorer:
     """Scores prompts with one model, through the score cache, in chunks (module docstring)."""
 
-    def __init__(self, lm, cache_dir, *, batch_size: int, max_new_tokens: int, progress: bool):
+    def __init__(self, lm, cache_dir, *, batch_size: int, max_new_tokens: int, progress: bool,
+                 batch_tokens: int = MAX_BATCH_TOKENS):
         self.lm, self.batch_size, self.max_new_tokens = lm, batch_size, max_new_tokens
+        self.batch_tokens = batch_tokens
         self.pad = lm.tokenizer.pad_token_id
         prec = lm.precision.name
         self.caches = {"loglik": ScoreCache(cache_dir, lm.fingerprint, prec, "loglik", float),
@@ -114,13 +116,15 @@ class Scorer:
                     enc = [e for _, e in part]
                     if kind == "loglik":
                         vals = answer_logprobs(self.lm.model, enc, pad_id=self.pad, device=self.lm.device,
-                                               batch_size=self.batch_size, source=self.lm.source, before=before)
+                                               batch_size=self.batch_size, max_tokens=self.batch_tokens,
+                                               source=self.lm.source, before=before)
                         cache.add({k: float(v) for (k, _), v in zip(part, vals)})
                     else:
                         if before is not None:
                             handle.query_index = None  # generation orders the heads at its own prefill
                         vals = generate_answers(self.lm.model, self.lm.tokenizer, enc, pad_id=self.pad,
                                                 device=self.lm.device, batch_size=self.batch_size,
+                                                max_tokens=self.batch_tokens,
                                                 max_new_tokens=self.max_new_tokens, source=self.lm.source)
                         cache.add(dict(zip((k for k, _ in part), vals)))
                     rate(len(part))
@@ -167,7 +171,8 @@ def reorder_layout(q, p: int) -> list:
 # ----------------------------------------------------------------------------------------- the command
 def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitigations=(), max_questions: int | None = None,
              max_prompt_tokens: int | None = None, lengths=(), depths=None, template: str = "qa", chat: str = "auto",
-             max_new_tokens: int = 32, batch_size: int = 8, seed: int = 0, device: str = "auto",
+             max_new_tokens: int = 32, batch_size: int = 8, batch_tokens: int = MAX_BATCH_TOKENS, seed: int = 0,
+             device: str = "auto",
              precision: str = "auto", cache_dir=None, mspoe_ratios=(1.2, 1.8), bias_samples: int = V.DEFAULT_SAMPLES,
              min_bucket: int = V.MIN_BUCKET, quality_floor: float = V.QUALITY_FLOOR, progress: bool = True) -> dict:
     """Diagnose a causal LM's position bias on SQuAD-format `data` (module docstring); writes
@@ -188,9 +193,12 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
         chat: "auto" (the tokenizer's chat template where it has one), "on" or "off".
         cache_dir: scores (and a converted GGUF) kept here; default `default_cache_dir()`.
         mspoe_ratios: Ms-PoE's (minimum, maximum) position compression ratio.
+        batch_size, batch_tokens: prompts and padded tokens per forward batch at most (a longer single
+            prompt still runs alone); neither changes a score.
     """
     _check_int("k", k, 1)
     _check_int("batch_size", batch_size, 1)
+    _check_int("batch_tokens", batch_tokens, 1)
     _check_int("max_new_tokens", max_new_tokens, 1)
     if max_questions is not None:
         _check_int("max_questions", max_questions, 1)
@@ -237,7 +245,8 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
     if not mset.questions:
         raise ConfigError(f"{ds.path}: no question fits {k} documents in {budget} tokens "
                           f"({', '.join(f'{r} {n}' for r, n in mset.stats.get('left_out', {}).items())})")
-    scorer = Scorer(lm, cache_dir, batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress)
+    scorer = Scorer(lm, cache_dir, batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress,
+                    batch_tokens=batch_tokens)
     with staged_output(output_dir, names=OUTPUTS) as out:
         return _diagnose(lm, ds, mset, scorer, out, Path(output_dir), scorings=scorings, mitigations=mitigations,
                          lengths=tuple(lengths), depths=tuple(depths), template=template, chat=use_chat, seed=seed,
@@ -304,7 +313,10 @@ def _diagnose(lm, ds, mset, scorer: Scorer, out: Path, final: Path, *, scorings,
                                               "data": str(ds.path), "finished": now_iso(), "seconds": res["seconds"],
                                               "seed": seed, "k": k, "budget_tokens": budget,
                                               "scorings": list(scorings), "mitigations": list(mitigations),
-                                              "mspoe_ratios": list(ratios), "template": template,
+                                              "mspoe_ratios": list(ratios), "template": template, "chat": chat,
+                                              "lengths": list(lengths), "depths": list(depths),
+                                              "max_new_tokens": scorer.max_new_tokens, "batch_size": scorer.batch_size,
+                                              "batch_tokens": scorer.batch_tokens,
                                               "versions": versions(), **lm.describe()})
     return res
 

