@@ -288,7 +288,7 @@ def diagnose_generation(model, data, output_dir, *, progress: bool = True, boots
         min_bucket: fewest questions for a verdict.
         quality_floor: generation accuracy (points) under which the report warns.
         **options: k, scorings, mitigations, max_questions, max_prompt_tokens, lengths, depths,
-            template, chat, max_new_tokens, mspoe_ratios, batch_size, batch_tokens, cache_dir, seed, device,
+            template, chat, max_new_tokens, mspoe_ratios, references, batch_size, batch_tokens, cache_dir, seed, device,
             precision; see `posbias.generation.diagnose.diagnose`.
 
     Returns:

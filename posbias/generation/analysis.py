@@ -73,6 +73,15 @@ def _bootstrap(stats, s: np.ndarray, samples: int, seed: int, level: float):
     return point, lambda j: _ci(boot[:, j], level)
 
 
+def mean_interval(scores: np.ndarray, *, samples: int = V.DEFAULT_SAMPLES, seed: int = 0,
+                  level: float = V.LEVEL) -> dict:
+    """The mean of per-question scores (q,) with its percentile bootstrap interval over questions
+    ({"score", "ci", "n"}; ci None without resamples or with fewer than two questions)."""
+    s = np.asarray(scores, dtype=np.float64).reshape(-1, 1)
+    point, ci = _bootstrap(lambda r: r.mean(axis=1), s, samples, seed, level)
+    return {"score": float(point[0]), "ci": ci(0), "n": int(len(s))}
+
+
 def position_verdict(scores: np.ndarray, *, samples: int = V.DEFAULT_SAMPLES, seed: int = 0,
                      level: float = V.LEVEL, min_size: int = V.MIN_BUCKET) -> dict:
     """The verdict of a (q, k) matrix of per-question scores in points (module docstring).

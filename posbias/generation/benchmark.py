@@ -54,6 +54,8 @@ QA_ORDERED_RANDOMLY_PROMPT = ("Write a high-quality answer for the given questio
                               "search results (some of which might be irrelevant). The search results are "
                               "ordered randomly.\n\n{search_results}\n\nQuestion: {question}\nAnswer:")
 """Their variant telling the model the documents are in random order."""
+CLOSEDBOOK_PROMPT = "Question: {question}\nAnswer:"
+"""Liu et al.'s closed-book prompt (closedbook_qa.prompt, same commit): the question without documents."""
 TEMPLATES = {"qa": QA_PROMPT, "qa_query_aware": QA_QUERY_AWARE_PROMPT,
              "qa_ordered_randomly": QA_ORDERED_RANDOMLY_PROMPT}
 """The prompts by name, for a config or the command line to choose from."""
@@ -373,6 +375,14 @@ def prompt(question: str, documents: Sequence[Document], *, template: str = QA_P
                           f"got {sorted(fields)}")
     results = "\n".join(f"Document [{i}]{_line(Document(*d))}" for i, d in enumerate(documents, 1))
     return template.format(question=question, search_results=results)
+
+
+def closedbook_prompt(question: str) -> str:
+    """The closed-book prompt (Liu et al.'s get_closedbook_qa_prompt): what the model answers from its
+    weights alone, the floor the documents are measured against."""
+    if not question.strip():
+        raise ConfigError("prompt: the question is empty")
+    return CLOSEDBOOK_PROMPT.format(question=question)
 
 
 def best_subspan_em(prediction: str, answers: Sequence[str]) -> float:

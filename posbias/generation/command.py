@@ -49,6 +49,9 @@ class GenerationDiagnosis:
                                                      "(default 1.2 1.8, the paper's)")
         p.add_argument("--batch-size", type=cli_args.positive_int, default=8,
                        help="prompts per forward batch (default 8; batches are also capped by --batch-tokens)")
+        p.add_argument("--no-references", dest="references", action="store_false",
+                       help="leave out Liu et al.'s closed-book (no documents) and oracle (the gold document alone) "
+                            "reference scores")
         p.add_argument("--batch-tokens", type=cli_args.positive_int, default=8192,
                        help="padded tokens per forward batch at most (default 8192; raise it on a large GPU)")
         p.add_argument("--cache-dir", type=cli_args.folder, default=None,
@@ -61,7 +64,7 @@ class GenerationDiagnosis:
                        help="auto (default): bf16 where the hardware computes it natively, else fp32")
         cli_args.task_options(p, "k", "scorings", "mitigations", "max_questions", "max_prompt_tokens", "lengths",
                               "depths", "template", "chat", "max_new_tokens", "mspoe_ratios", "batch_size",
-                              "batch_tokens",
+                              "batch_tokens", "references",
                               "cache_dir", "seed", "device", "precision")
 
 

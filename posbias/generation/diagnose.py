@@ -36,7 +36,7 @@ from ..render import Document, data_label, fmt, md_escape, pyplot
 from ..retrieval.benchmark import answerable
 from ..utils import atomic_write_json, check_ranges, now_iso, versions
 from . import benchmark as B
-from .analysis import paired_difference, position_verdict, sentence, u_text
+from .analysis import mean_interval, paired_difference, position_verdict, sentence, u_text
 from .cache import ScoreCache, item_key
 from .lm import load_lm
 from .mspoe import ms_poe
@@ -50,6 +50,8 @@ METRICS = {"loglik": ("answer probability", "per-token probability of the gold a
            "accuracy": ("accuracy", "a normalised gold answer in the output (Liu et al.), %"),
            "exact": ("EM", "SQuAD exact match of the first line"), "f1": ("F1", "SQuAD F1 of the first line")}
 CONDITIONS = {"original": "unmodified", "reorder": "reordered (BM25, edges first)", "mspoe": "Ms-PoE"}
+REFERENCES = {"closed_book": "closed-book (no documents)", "oracle": "the gold document alone"}
+"""Liu et al.'s two reference points, scored with the unmodified model: the floor and the ceiling."""
 ROOM = 64
 """Prompt tokens kept free beside the documents' budget: instruction, question, labels, answer."""
 CHUNK = 64
@@ -145,21 +147,34 @@ def score_matrix(scorer: Scorer, kind: str, questions, layouts, condition: str, 
     in prompt order): loglik -> {"loglik", "logprob"}; generation -> {"accuracy", "exact", "f1"} and
     "predictions" (q, k) of strings. Scores in points."""
     k = questions[0].k
-    texts, answers = [], []
-    for q in questions:
-        for p in range(1, k + 1):
-            texts.append(B.prompt(q.question, layouts(q, p), template=template))
-            answers.append(q.answers[0])
-    enc = _encode(scorer.lm, texts, answers, chat)
+    texts = [B.prompt(q.question, layouts(q, p), template=template) for q in questions for p in range(1, k + 1)]
+    flat = _scored(scorer, kind, texts, [q for q in questions for _ in range(k)], condition, chat, context)
+    return {m: v.reshape(len(questions), k) for m, v in flat.items()}
+
+
+def _scored(scorer: Scorer, kind: str, texts: list[str], questions, condition: str, chat: bool,
+            context=contextlib.nullcontext) -> dict[str, np.ndarray]:
+    """Scores of prompt `texts[i]` for the gold answers of `questions[i]`, each metric a 1-D array in
+    points (score_matrix's metrics)."""
+    enc = _encode(scorer.lm, texts, [q.answers[0] for q in questions], chat)
     vals = scorer.score(kind, enc, condition, context)
     if kind == "loglik":
-        lp = np.asarray(vals, dtype=np.float64).reshape(len(questions), k)
+        lp = np.asarray(vals, dtype=np.float64)
         return {"loglik": 100.0 * np.exp(lp), "logprob": lp}
-    preds = np.asarray(vals, dtype=object).reshape(len(questions), k)
-    acc = np.array([[100.0 * B.best_subspan_em(preds[i, j], q.answers) for j in range(k)]
-                    for i, q in enumerate(questions)])
-    em_f1 = np.array([[squad_scores(preds[i, j], q.answers) for j in range(k)] for i, q in enumerate(questions)])
-    return {"accuracy": acc, "exact": em_f1[..., 0], "f1": em_f1[..., 1], "predictions": preds}
+    preds = np.asarray(vals, dtype=object)
+    acc = np.array([100.0 * B.best_subspan_em(p, q.answers) for p, q in zip(preds, questions)])
+    em_f1 = np.array([squad_scores(p, q.answers) for p, q in zip(preds, questions)]).reshape(-1, 2)
+    return {"accuracy": acc, "exact": em_f1[:, 0], "f1": em_f1[:, 1], "predictions": preds}
+
+
+def reference_scores(scorer: Scorer, kind: str, questions, chat: bool, template: str = B.QA_PROMPT) -> dict:
+    """Liu et al.'s references with the unmodified model, per question: closed-book (the question alone,
+    their closed-book prompt) and oracle (the gold document alone, in `template`). {reference: metric
+    -> (q,)}."""
+    prompts = {"closed_book": [B.closedbook_prompt(q.question) for q in questions],
+               "oracle": [B.prompt(q.question, [q.gold], template=template) for q in questions]}
+    return {ref: _scored(scorer, kind, texts, questions, ref.replace("_", "-"), chat)
+            for ref, texts in prompts.items()}
 
 
 def reorder_layout(q, p: int) -> list:
@@ -173,7 +188,8 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
              max_prompt_tokens: int | None = None, lengths=(), depths=None, template: str = "qa", chat: str = "auto",
              max_new_tokens: int = 32, batch_size: int = 8, batch_tokens: int = MAX_BATCH_TOKENS, seed: int = 0,
              device: str = "auto",
-             precision: str = "auto", cache_dir=None, mspoe_ratios=(1.2, 1.8), bias_samples: int = V.DEFAULT_SAMPLES,
+             precision: str = "auto", cache_dir=None, mspoe_ratios=(1.2, 1.8), references: bool = True,
+             bias_samples: int = V.DEFAULT_SAMPLES,
              min_bucket: int = V.MIN_BUCKET, quality_floor: float = V.QUALITY_FLOOR, progress: bool = True) -> dict:
     """Diagnose a causal LM's position bias on SQuAD-format `data` (module docstring); writes
     diagnosis.md/.html/.json, scores.json, predictions.json (with generation) and plots into
@@ -193,6 +209,8 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
         chat: "auto" (the tokenizer's chat template where it has one), "on" or "off".
         cache_dir: scores (and a converted GGUF) kept here; default `default_cache_dir()`.
         mspoe_ratios: Ms-PoE's (minimum, maximum) position compression ratio.
+        references: also score Liu et al.'s closed-book (no documents) and oracle (the gold document
+            alone) prompts with the unmodified model: the floor and the ceiling of the position curve.
         batch_size, batch_tokens: prompts and padded tokens per forward batch at most (a longer single
             prompt still runs alone); neither changes a score.
     """
@@ -250,12 +268,12 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
     with staged_output(output_dir, names=OUTPUTS) as out:
         return _diagnose(lm, ds, mset, scorer, out, Path(output_dir), scorings=scorings, mitigations=mitigations,
                          lengths=tuple(lengths), depths=tuple(depths), template=template, chat=use_chat, seed=seed,
-                         ratios=(lo_r, hi_r), samples=bias_samples, min_bucket=min_bucket,
+                         ratios=(lo_r, hi_r), references=bool(references), samples=bias_samples, min_bucket=min_bucket,
                          floor=float(quality_floor), t0=t0, budget=budget)
 
 
 def _diagnose(lm, ds, mset, scorer: Scorer, out: Path, final: Path, *, scorings, mitigations, lengths, depths, template,
-              chat, seed, ratios, samples, min_bucket, floor, t0, budget) -> dict:
+              chat, seed, ratios, references, samples, min_bucket, floor, t0, budget) -> dict:
     qs = mset.questions
     tmpl = B.TEMPLATES[template]
     k = qs[0].k
@@ -269,12 +287,13 @@ def _diagnose(lm, ds, mset, scorer: Scorer, out: Path, final: Path, *, scorings,
         for cond in ("original", *mitigations):
             scores[kind][cond] = score_matrix(scorer, kind, qs, layouts[cond], tags[cond], chat,
                                               contexts.get(cond, contextlib.nullcontext), template=tmpl)
+    refs = {kind: reference_scores(scorer, kind, qs, chat, template=tmpl) for kind in scorings} if references else {}
     metrics = [m for kind in scorings for m in (("loglik",) if kind == "loglik" else ("accuracy", "exact", "f1"))]
     kind_of = {"loglik": "loglik", "accuracy": "generation", "exact": "generation", "f1": "generation"}
     res = {"model": lm.describe(), "data": str(ds.path), "k": k, "set": mset.stats, "template": template,
            "chat_template": bool(chat), "scorings": list(scorings), "mitigations": list(mitigations),
            "bootstrap_samples": samples, "min_bucket": min_bucket, "verdicts": {}, "overall": {},
-           "mitigation_effects": {}, "heatmap": None}
+           "mitigation_effects": {}, "references": {}, "heatmap": None}
     for m in metrics:
         per = scores[kind_of[m]]
         res["verdicts"][m] = {c: position_verdict(per[c][m], samples=samples, seed=seed, min_size=min_bucket)
@@ -282,6 +301,9 @@ def _diagnose(lm, ds, mset, scorer: Scorer, out: Path, final: Path, *, scorings,
         res["overall"][m] = {c: float(per[c][m].mean()) for c in per}
         res["mitigation_effects"][m] = {c: paired_difference(per[c][m], per["original"][m], samples=samples, seed=seed)
                                         for c in per if c != "original"}
+        if refs:
+            res["references"][m] = {r: mean_interval(v[m], samples=samples, seed=seed)
+                                    for r, v in refs[kind_of[m]].items()}
     if "loglik" in scorings:
         res["mean_logprob"] = {c: float(v["logprob"].mean()) for c, v in scores["loglik"].items()}
     if lengths:
@@ -296,24 +318,30 @@ def _diagnose(lm, ds, mset, scorer: Scorer, out: Path, final: Path, *, scorings,
     res["prompts_computed"] = dict(scorer.computed)
     res["prompts"], res["questions"] = n_prompts, len(qs)
     res["seconds"] = round(time.time() - t0, 2)
-    check_ranges({"overall": res["overall"], "verdicts": res["verdicts"]}, frozenset({"score"}), "generation metrics")
+    check_ranges({"overall": res["overall"], "verdicts": res["verdicts"], "references": res["references"]},
+                 frozenset({"score"}), "generation metrics")
     plots = _plots(res, out)
     res["verdict_lines"] = _terminal(res, final, len(plots))
     _report(res, out, plots)
     atomic_write_json(out / "scores.json", {
         "question_ids": [q.id for q in qs], "positions": list(range(1, k + 1)),
         **{f"{kind}/{cond}/{m}": v.tolist() for kind, per in scores.items() for cond, ms in per.items()
+           for m, v in ms.items() if m != "predictions"},
+        **{f"{kind}/{ref}/{m}": v.tolist() for kind, per in refs.items() for ref, ms in per.items()
            for m, v in ms.items() if m != "predictions"}})
     if "generation" in scorings:
         atomic_write_json(out / "predictions.json", {
-            cond: {q.id: list(ms["predictions"][i]) for i, q in enumerate(qs)}
-            for cond, ms in scores["generation"].items()})
+            **{cond: {q.id: list(ms["predictions"][i]) for i, q in enumerate(qs)}
+               for cond, ms in scores["generation"].items()},
+            **{ref: {q.id: [ms["predictions"][i]] for i, q in enumerate(qs)}
+               for ref, ms in refs.get("generation", {}).items()}})
     atomic_write_json(out / "diagnosis.json", res)
     atomic_write_json(out / "run_info.json", {"command": "diagnose generation", "model": lm.source,
                                               "data": str(ds.path), "finished": now_iso(), "seconds": res["seconds"],
                                               "seed": seed, "k": k, "budget_tokens": budget,
                                               "scorings": list(scorings), "mitigations": list(mitigations),
                                               "mspoe_ratios": list(ratios), "template": template, "chat": chat,
+                                              "references": bool(refs),
                                               "lengths": list(lengths), "depths": list(depths),
                                               "max_new_tokens": scorer.max_new_tokens, "batch_size": scorer.batch_size,
                                               "batch_tokens": scorer.batch_tokens,
@@ -366,12 +394,22 @@ def _terminal(res: dict, final: Path, plots: int) -> list[str]:
         if v.get("effect") is not None:
             lines.append("    " + "; ".join([u_text(v, name), V.trend_text(v.get("trend"), name), V.psi_text(
                 {"psi": v["psi"], "psi_ci": v["psi_ci"], "curve": v["curve"]}).replace("copies", "positions")]))
+        if res.get("references", {}).get(m):
+            lines.append("    " + _reference_text(res, m))
         for cond, d in res["mitigation_effects"][m].items():
             lines.append(f"    {CONDITIONS[cond]} − unmodified: {V.minus_signed(d['effect'])} {name} "
                          f"[{V.ci_words(d['ci'])}] over all positions"
                          + (f", {V.minus_signed(d['middle']['effect'])} in the middle" if d["middle"] else ""))
     lines.append(V.report_line(final, plots))
     return lines
+
+
+def _reference_text(res: dict, m: str) -> str:
+    """One line: the references of metric m beside the k-document mean."""
+    r = res["references"][m]
+    return (f"references: {REFERENCES['closed_book']} {fmt(r['closed_book']['score'])}, "
+            f"{REFERENCES['oracle']} {fmt(r['oracle']['score'])}; {res['k']} documents, mean of the positions "
+            f"{fmt(res['overall'][m]['original'])} ({_metric_name(m)})")
 
 
 def _plots(res: dict, out: Path) -> list[Path]:
@@ -458,6 +496,17 @@ def _report(res: dict, out: Path, plots: list[Path]) -> None:
     doc.table(head, body)
     doc.paragraph("Columns: the gold document's position among the k documents. "
                   + " ".join(f"{METRICS[m][0]}: {METRICS[m][1]}." for m in res["verdicts"]))
+    if res.get("references"):
+        doc.heading("References: no documents, the gold document alone")
+        doc.table(["scoring", REFERENCES["closed_book"] + " [95% CI]", REFERENCES["oracle"] + " [95% CI]",
+                   f"{k} documents, mean of the positions"],
+                  [[_metric_name(m), _ci_cell(r["closed_book"]["score"], r["closed_book"]["ci"]),
+                    _ci_cell(r["oracle"]["score"], r["oracle"]["ci"]), fmt(res["overall"][m]["original"])]
+                   for m, r in res["references"].items()])
+        doc.paragraph("Liu et al.'s reference points, with the unmodified model on the same questions: the question "
+                      "alone (their closed-book prompt), what the model answers from its weights, and the gold "
+                      "document alone (their oracle), what it answers when nothing distracts it. A position curve "
+                      "near the closed-book score means the documents add little at that position.")
     if any(res["mitigation_effects"][m] for m in res["mitigation_effects"]):
         doc.heading("Mitigations against the unmodified model")
         body = []

@@ -72,7 +72,8 @@ def test_every_question_at_every_position_with_both_scorings_and_mitigations(lm,
     assert np.allclose(np.ptp(np.asarray(scores["loglik/reorder/logprob"]), axis=1), 0)
     assert res["prompts_computed"]["loglik, reorder-bm25"] == q
     preds = json.loads((out / "predictions.json").read_text())
-    assert set(preds) == {"original", "reorder", "mspoe"} and all(len(v) == 3 for v in preds["original"].values())
+    assert set(preds) == {"original", "reorder", "mspoe", "closed_book", "oracle"}
+    assert all(len(v) == 3 for v in preds["original"].values()) and all(len(v) == 1 for v in preds["oracle"].values())
     for m in ("loglik", "accuracy", "exact", "f1"):
         assert set(res["verdicts"][m]) == {"original", "reorder", "mspoe"}
         assert set(res["mitigation_effects"][m]) == {"reorder", "mspoe"}
@@ -109,6 +110,36 @@ def test_batch_tokens_changes_the_batches_not_the_scores(lm, tmp_path):
     assert (info["batch_size"], info["batch_tokens"], info["max_new_tokens"]) == (8, 1, 3)
     with pytest.raises(ConfigError, match="batch_tokens"):
         run(lm, tmp_path, out="bad", batch_tokens=0)
+
+
+def test_references_are_the_closed_book_and_gold_alone_prompts_scored_directly(lm, tmp_path):
+    """Liu et al.'s references: the closed-book prompt (the question alone) and the gold document alone,
+    scored with the unmodified model; their means are the per-question scores' means; --no-references
+    leaves them out."""
+    from posbias.generation import benchmark as B
+    from posbias.generation.scoring import answer_logprobs, encode_prompts
+
+    res = run(lm, tmp_path, scorings=("loglik",))
+    scores = json.loads((tmp_path / "diag" / "scores.json").read_text())
+    ids = scores["question_ids"]
+    found = {qa["id"]: (qa["question"], qa["answers"][0]["text"], B.Document(a["title"], para["context"]))
+             for a in json.loads(squad_file(tmp_path).read_text())["data"] for para in a["paragraphs"]
+             for qa in para["qas"]}
+    for ref, texts in (("closed_book", [f"Question: {found[i][0]}\nAnswer:" for i in ids]),
+                       ("oracle", [B.prompt(found[i][0], [found[i][2]]) for i in ids])):
+        enc = encode_prompts(lm.tokenizer, texts, [found[i][1] for i in ids])
+        lp = answer_logprobs(lm.model, enc, pad_id=lm.tokenizer.pad_token_id, device=lm.device, batch_size=1)
+        assert np.allclose(scores[f"loglik/{ref}/logprob"], lp, atol=1e-5), ref
+    assert B.closedbook_prompt(found[ids[0]][0]) == f"Question: {found[ids[0]][0]}\nAnswer:"
+    ref = res["references"]["loglik"]
+    assert ref["closed_book"]["score"] == pytest.approx(np.mean(scores["loglik/closed_book/loglik"]))
+    assert ref["oracle"]["score"] == pytest.approx(np.mean(scores["loglik/oracle/loglik"]))
+    assert ref["oracle"]["ci"][0] <= ref["oracle"]["score"] <= ref["oracle"]["ci"][1]
+    assert "References: no documents, the gold document alone" in (tmp_path / "diag" / "diagnosis.md").read_text()
+    assert any(line.strip().startswith("references: closed-book") for line in res["verdict_lines"])
+    none = run(lm, tmp_path, out="none", scorings=("loglik",), references=False)
+    assert none["references"] == {} and "closed_book" not in json.dumps(none["prompts_computed"])
+    assert json.loads((tmp_path / "none" / "run_info.json").read_text())["references"] is False
 
 
 def test_a_killed_run_keeps_the_scores_it_finished(lm, tmp_path, monkeypatch):
