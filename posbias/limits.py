@@ -162,7 +162,7 @@ def gunzip(raw: bytes, path, what: str, limit: int, *, data: bool = True) -> byt
     return out
 
 
-def _depth_over(obj, limit: int) -> bool:
+def depth_over(obj, limit: int) -> bool:
     """Whether parsed JSON nests deeper than `limit` (iterative: the check itself cannot recurse)."""
     stack = [(obj, 1)]
     while stack:
@@ -191,7 +191,7 @@ def load_json(path, what: str, limit: int = JSON_LIMIT, *, data: bool = False, m
         raise _fail(path, f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})", data) from None
     except RecursionError:  # json recurses once per nesting level
         raise _fail(path, f"JSON nested deeper than {max_depth} levels", data) from None
-    if _depth_over(obj, max_depth):
+    if depth_over(obj, max_depth):
         raise _fail(path, f"JSON nested deeper than {max_depth} levels", data)
     return obj
 

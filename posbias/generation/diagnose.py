@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from ..analysis import verdict as V
 from ..errors import ConfigError
+from ..interrupt import stop_on_signals
 from ..outputs import staged_output
 from ..qa.readers import read_dataset
 from ..render import Document, data_label, fmt, md_escape, pyplot
@@ -38,9 +39,11 @@ from ..utils import atomic_write_json, check_ranges, now_iso, versions
 from . import benchmark as B
 from .analysis import mean_interval, paired_difference, position_verdict, sentence, u_text
 from .cache import ScoreCache, item_key
-from .lm import load_lm
-from .mspoe import ms_poe
-from .scoring import MAX_BATCH_TOKENS, Encoded, Rate, answer_logprobs, encode_prompts, generate_answers, squad_scores
+from .backend import BACKENDS, SLOT_SLACK, check_backend_options, open_model
+from .endpoint import PartialScores
+from .mspoe import LAYER_CHOICES, ORDERS as MSPOE_ORDERS, ms_poe, resolve_layers
+from .endpoint import CHECK_SAMPLE
+from .scoring import MAX_BATCH_TOKENS, Encoded, Rate, render, squad_scores
 
 SCORINGS = ("loglik", "generation")
 MITIGATIONS = ("reorder", "mspoe")
@@ -88,7 +91,6 @@ class Scorer:
                  batch_tokens: int = MAX_BATCH_TOKENS):
         self.lm, self.batch_size, self.max_new_tokens = lm, batch_size, max_new_tokens
         self.batch_tokens = batch_tokens
-        self.pad = lm.tokenizer.pad_token_id
         prec = lm.precision.name
         self.caches = {"loglik": ScoreCache(cache_dir, lm.fingerprint, prec, "loglik", float),
                        "generation": ScoreCache(cache_dir, lm.fingerprint, prec, "generation", str)}
@@ -116,19 +118,20 @@ class Scorer:
                 for lo in range(0, len(pending), CHUNK):
                     part = pending[lo:lo + CHUNK]
                     enc = [e for _, e in part]
-                    if kind == "loglik":
-                        vals = answer_logprobs(self.lm.model, enc, pad_id=self.pad, device=self.lm.device,
-                                               batch_size=self.batch_size, max_tokens=self.batch_tokens,
-                                               source=self.lm.source, before=before)
-                        cache.add({k: float(v) for (k, _), v in zip(part, vals)})
-                    else:
-                        if before is not None:
-                            handle.query_index = None  # generation orders the heads at its own prefill
-                        vals = generate_answers(self.lm.model, self.lm.tokenizer, enc, pad_id=self.pad,
-                                                device=self.lm.device, batch_size=self.batch_size,
-                                                max_tokens=self.batch_tokens,
-                                                max_new_tokens=self.max_new_tokens, source=self.lm.source)
-                        cache.add(dict(zip((k for k, _ in part), vals)))
+                    convert = float if kind == "loglik" else str
+                    try:
+                        if kind == "loglik":
+                            vals = self.lm.loglik(enc, batch_size=self.batch_size, max_tokens=self.batch_tokens,
+                                                  before=before)
+                        else:
+                            if before is not None:
+                                handle.query_index = None  # generation orders the heads at its own prefill
+                            vals = self.lm.generate(enc, batch_size=self.batch_size, max_tokens=self.batch_tokens,
+                                                    max_new_tokens=self.max_new_tokens)
+                    except PartialScores as p:  # a server failed part way: keep what it finished, then stop
+                        cache.add({part[i][0]: convert(v) for i, v in sorted(p.done.items())})
+                        raise p.error from None
+                    cache.add({k: convert(v) for (k, _), v in zip(part, vals)})
                     rate(len(part))
                     bar.update(len(part))
             bar.close()
@@ -138,7 +141,7 @@ class Scorer:
 
 
 def _encode(lm, texts: list[str], answers: list[str], chat: bool) -> list[Encoded]:
-    return encode_prompts(lm.tokenizer, texts, answers, chat=chat)
+    return lm.encode(texts, answers, chat)
 
 
 def score_matrix(scorer: Scorer, kind: str, questions, layouts, condition: str, chat: bool, context=contextlib.nullcontext,
@@ -177,6 +180,17 @@ def reference_scores(scorer: Scorer, kind: str, questions, chat: bool, template:
             for ref, texts in prompts.items()}
 
 
+def mspoe_tag(mspoe: dict) -> str:
+    """The score cache's name of an Ms-PoE setting: the ratios, and the layers and head order where they are
+    not the authors' (every layer but the first two, outlier order), so that scores cached before the
+    two options existed are still read for that setting."""
+    lo, hi = mspoe["ratios"]
+    tag = f"mspoe-{lo:g}-{hi:g}"
+    if list(mspoe.get("resolved", [])) == list(mspoe.get("authors_layers", [])) and mspoe["order"] == "outlier":
+        return tag
+    return f"{tag}-layers{','.join(map(str, mspoe.get('resolved', [])))}-{mspoe['order']}"
+
+
 def reorder_layout(q, p: int) -> list:
     """LongContextReorder of the documents with the gold at position p, by BM25 relevance to the question."""
     docs = q.documents(p)
@@ -188,8 +202,11 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
              max_prompt_tokens: int | None = None, lengths=(), depths=None, template: str = "qa", chat: str = "auto",
              max_new_tokens: int = 32, batch_size: int = 8, batch_tokens: int = MAX_BATCH_TOKENS, seed: int = 0,
              device: str = "auto",
-             precision: str = "auto", cache_dir=None, mspoe_ratios=(1.2, 1.8), references: bool = True,
-             bias_samples: int = V.DEFAULT_SAMPLES,
+             precision: str = "auto", cache_dir=None, mspoe_ratios=(1.2, 1.8), mspoe_layers="auto",
+             mspoe_head_order: str = "outlier", distractors: str = "random", references: bool = True,
+             endpoint: str | None = None, backend: str = "auto", api_key_env: str | None = None,
+             tokenizer: str | None = None, concurrency: int = 4, timeout: float = 300.0, retries: int = 4,
+             llama_server_args: str | None = None, bias_samples: int = V.DEFAULT_SAMPLES,
              min_bucket: int = V.MIN_BUCKET, quality_floor: float = V.QUALITY_FLOOR, progress: bool = True) -> dict:
     """Diagnose a causal LM's position bias on SQuAD-format `data` (module docstring); writes
     diagnosis.md/.html/.json, scores.json, predictions.json (with generation) and plots into
@@ -197,7 +214,8 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
 
     Args:
         model: a Hugging Face causal-LM folder, a cached Hub id, a .gguf file, `gemma` (the packaged
-            Gemma 3 270M), or an object with `posbias.generation.lm.LM`'s members.
+            Gemma 3 270M), or an object with `posbias.generation.lm.LM`'s members; with `endpoint`, the
+            model's name on the server (None: the one model it serves).
         k: documents per prompt (the gold one and k − 1 distractors).
         scorings: "loglik" and/or "generation".
         mitigations: "reorder" and/or "mspoe", each compared with the unmodified model.
@@ -205,14 +223,31 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
             kept in file order; distractors come from the whole file.
         max_prompt_tokens: the documents' budget plus `ROOM`; default the model's context, at most 4,096.
         lengths: haystack lengths L (tokens) for the depth × length grid; empty: no grid.
+        distractors: "random" (drawn from other articles) or "bm25" (the other articles' paragraphs BM25
+            ranks highest for the question, most relevant first: Liu et al.'s retrieved distractors).
         template: Liu et al.'s prompt: "qa", "qa_query_aware" or "qa_ordered_randomly".
         chat: "auto" (the tokenizer's chat template where it has one), "on" or "off".
         cache_dir: scores (and a converted GGUF) kept here; default `default_cache_dir()`.
         mspoe_ratios: Ms-PoE's (minimum, maximum) position compression ratio.
+        mspoe_layers: the layers Ms-PoE patches: "auto" (the global-attention layers of a model that
+            mixes sliding-window and global attention, else every layer but the first two, as the
+            authors), "all", "global", or a list of indices (`posbias.generation.mspoe.resolve_layers`).
+        mspoe_head_order: "outlier" (the paper's ranking), "reversed" (the authors' fixed order for
+            later gold positions) or "index".
         references: also score Liu et al.'s closed-book (no documents) and oracle (the gold document
             alone) prompts with the unmodified model: the floor and the ceiling of the position curve.
         batch_size, batch_tokens: prompts and padded tokens per forward batch at most (a longer single
             prompt still runs alone); neither changes a score.
+        endpoint: an OpenAI-compatible server's URL (`posbias.generation.endpoint`): the model is scored
+            there, not loaded here.
+        backend: for a .gguf file or `gemma`: `auto` (llama.cpp's server when it is installed and no
+            mitigation needs the weights here), `llama.cpp` or `transformers` (`posbias.generation.backend`).
+        api_key_env: the environment variable holding the server's key (never written anywhere).
+        tokenizer: with `endpoint`, a local tokenizer (folder or cached Hub id) for a server without
+            /tokenize; checked against the server on sample prompts.
+        concurrency: requests in flight at once (a started llama.cpp server gets as many slots).
+        timeout, retries: seconds per request, and retries (with backoff) of a failed one.
+        llama_server_args: extra options for the llama.cpp server posbias starts (e.g. "-ngl 99").
     """
     _check_int("k", k, 1)
     _check_int("batch_size", batch_size, 1)
@@ -240,6 +275,25 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
         raise ConfigError(f"diagnose generation: template must be one of {', '.join(B.TEMPLATES)}, got {template!r}")
     if chat not in ("auto", "on", "off"):
         raise ConfigError(f"diagnose generation: chat must be auto, on or off, got {chat!r}")
+    if distractors not in B.DISTRACTORS:
+        raise ConfigError(f"diagnose generation: distractors must be one of {', '.join(B.DISTRACTORS)}, "
+                          f"got {distractors!r}")
+    _check_int("concurrency", concurrency, 1)
+    _check_int("retries", retries, 0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise ConfigError(f"diagnose generation: timeout must be a positive number of seconds, got {timeout!r}")
+    check_backend_options(model, endpoint=endpoint, backend=backend, needs_weights="mspoe" in mitigations)
+    if mspoe_head_order not in MSPOE_ORDERS:
+        raise ConfigError(f"diagnose generation: mspoe_head_order must be one of {', '.join(MSPOE_ORDERS)}, "
+                          f"got {mspoe_head_order!r}")
+    if isinstance(mspoe_layers, str):
+        if mspoe_layers not in LAYER_CHOICES:
+            raise ConfigError(f"diagnose generation: mspoe_layers must be one of {', '.join(LAYER_CHOICES)} or a "
+                              f"list of layer indices, got {mspoe_layers!r}")
+    else:
+        mspoe_layers = tuple(mspoe_layers)
+        for i in mspoe_layers:
+            _check_int("mspoe_layers", i, 0)
     lo_r, hi_r = mspoe_ratios
     t0 = time.time()
     ds = read_dataset(data)
@@ -247,10 +301,35 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
     if not usable:
         raise ConfigError(f"{ds.path}: no answerable question (diagnose generation needs questions with answers)")
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
-    if isinstance(model, (str, PurePath)):
-        lm = load_lm(str(model), device=device, precision=precision, cache_dir=cache_dir)
-    else:
-        lm = model
+    slot = (max_prompt_tokens or 4096) + max(max_new_tokens, ROOM) + SLOT_SLACK
+    with stop_on_signals(), open_model(model, endpoint=endpoint, backend=backend, needs_weights="mspoe" in mitigations,
+                                       api_key_env=api_key_env, tokenizer=tokenizer, concurrency=concurrency,
+                                       timeout=timeout, retries=retries, server_args=llama_server_args, slot_tokens=slot,
+                                       device=device, precision=precision, cache_dir=cache_dir) as lm:
+        if "loglik" in scorings and hasattr(lm, "probe_loglik"):
+            lm.probe_loglik()  # a server that cannot score log-likelihoods is refused before any work
+        return _open_diagnose(lm, ds, usable, output_dir, cache_dir, k=k, scorings=scorings, mitigations=mitigations,
+                              max_questions=max_questions, max_prompt_tokens=max_prompt_tokens, lengths=lengths,
+                              depths=depths, template=template, chat=chat, max_new_tokens=max_new_tokens,
+                              batch_size=batch_size, batch_tokens=batch_tokens, seed=seed,
+                              mspoe={"ratios": (lo_r, hi_r), "layers": mspoe_layers, "order": mspoe_head_order},
+                              distractors=distractors,
+                              references=references, samples=bias_samples, min_bucket=min_bucket,
+                              floor=quality_floor, progress=progress, t0=t0)
+
+
+def _open_diagnose(lm, ds, usable, output_dir, cache_dir, *, k, scorings, mitigations, max_questions, max_prompt_tokens,
+                   lengths, depths, template, chat, max_new_tokens, batch_size, batch_tokens, seed, mspoe, references,
+                   distractors,
+                   samples, min_bucket, floor, progress, t0) -> dict:
+    """`diagnose` once its model is open: the question set, the scoring, the report."""
+    if "mspoe" in mitigations:  # refused before any scoring: a model Ms-PoE cannot patch, a bad layer list
+        mspoe = {**mspoe, "layers": resolve_layers(lm.model, mspoe["layers"])}
+        with ms_poe(lm.model, min_ratio=mspoe["ratios"][0], max_ratio=mspoe["ratios"][1], layers=mspoe["layers"],
+                    order=mspoe["order"]):
+            pass
+        mspoe["resolved"] = list(mspoe["layers"])
+        mspoe["authors_layers"] = resolve_layers(lm.model, "all")
     use_chat = lm.chat_template if chat == "auto" else chat == "on"
     if use_chat and not lm.chat_template:
         raise ConfigError(f"diagnose generation: --chat on, but {lm.source}'s tokenizer has no chat template")
@@ -259,28 +338,35 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
     if max_questions and max_questions < len(usable):  # a seeded draw over the whole file, kept in file order
         pick = sorted(random.Random(f"questions:{seed}").sample(range(len(usable)), max_questions))
         ids = [usable[i].id for i in pick]
-    mset = B.multi_document_qa(ds.examples, lm.count_tokens, k=k, max_doc_tokens=budget, seed=seed, question_ids=ids)
+    mset = B.multi_document_qa(ds.examples, lm.count_tokens, k=k, max_doc_tokens=budget, seed=seed, question_ids=ids,
+                               distractors=distractors)
     if not mset.questions:
         raise ConfigError(f"{ds.path}: no question fits {k} documents in {budget} tokens "
                           f"({', '.join(f'{r} {n}' for r, n in mset.stats.get('left_out', {}).items())})")
+    if hasattr(lm, "check_tokenizer"):  # a local tokenizer against the server's, on real prompts
+        tmpl = B.TEMPLATES[template]
+        lm.check_tokenizer([render(lm.tokenizer, B.prompt(q.question, q.documents(1), template=tmpl), use_chat)
+                            for q in mset.questions[:CHECK_SAMPLE]], chat=use_chat)
     scorer = Scorer(lm, cache_dir, batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress,
                     batch_tokens=batch_tokens)
     with staged_output(output_dir, names=OUTPUTS) as out:
         return _diagnose(lm, ds, mset, scorer, out, Path(output_dir), scorings=scorings, mitigations=mitigations,
                          lengths=tuple(lengths), depths=tuple(depths), template=template, chat=use_chat, seed=seed,
-                         ratios=(lo_r, hi_r), references=bool(references), samples=bias_samples, min_bucket=min_bucket,
-                         floor=float(quality_floor), t0=t0, budget=budget)
+                         mspoe=mspoe, references=bool(references), samples=samples, min_bucket=min_bucket,
+                         floor=float(floor), t0=t0, budget=budget)
 
 
 def _diagnose(lm, ds, mset, scorer: Scorer, out: Path, final: Path, *, scorings, mitigations, lengths, depths, template,
-              chat, seed, ratios, references, samples, min_bucket, floor, t0, budget) -> dict:
+              chat, seed, mspoe, references, samples, min_bucket, floor, t0, budget) -> dict:
     qs = mset.questions
     tmpl = B.TEMPLATES[template]
     k = qs[0].k
     layouts = {"original": lambda q, p: q.documents(p), "reorder": reorder_layout, "mspoe": lambda q, p: q.documents(p)}
-    contexts = {"mspoe": lambda: ms_poe(lm.model, min_ratio=ratios[0], max_ratio=ratios[1])}
+    ratios = mspoe["ratios"]
+    contexts = {"mspoe": lambda: ms_poe(lm.model, min_ratio=ratios[0], max_ratio=ratios[1], layers=mspoe["layers"],
+                                        order=mspoe["order"])}
     tags = {"original": "original", "reorder": "reorder-bm25",
-            "mspoe": f"mspoe-{ratios[0]:g}-{ratios[1]:g}"}
+            "mspoe": mspoe_tag(mspoe)}
     scores: dict[str, dict[str, dict]] = {}  # scoring -> condition -> metric -> (q, k)
     for kind in scorings:
         scores[kind] = {}
@@ -293,7 +379,10 @@ def _diagnose(lm, ds, mset, scorer: Scorer, out: Path, final: Path, *, scorings,
     res = {"model": lm.describe(), "data": str(ds.path), "k": k, "set": mset.stats, "template": template,
            "chat_template": bool(chat), "scorings": list(scorings), "mitigations": list(mitigations),
            "bootstrap_samples": samples, "min_bucket": min_bucket, "verdicts": {}, "overall": {},
-           "mitigation_effects": {}, "references": {}, "heatmap": None}
+           "mitigation_effects": {}, "references": {}, "heatmap": None,
+           "mspoe": ({"ratios": list(mspoe["ratios"]), "layers": mspoe["resolved"], "head_order": mspoe["order"],
+                      "authors_layers": mspoe["resolved"] == mspoe["authors_layers"]}
+                     if "mspoe" in mitigations else None)}
     for m in metrics:
         per = scores[kind_of[m]]
         res["verdicts"][m] = {c: position_verdict(per[c][m], samples=samples, seed=seed, min_size=min_bucket)
@@ -308,6 +397,7 @@ def _diagnose(lm, ds, mset, scorer: Scorer, out: Path, final: Path, *, scorings,
         res["mean_logprob"] = {c: float(v["logprob"].mean()) for c, v in scores["loglik"].items()}
     if lengths:
         res["heatmap"] = _heatmap(scorer, ds, qs, lengths, depths, seed, chat, tmpl)
+    res["model"] = lm.describe()  # after the scoring: a server's request count
     primary = "accuracy" if "generation" in scorings else "loglik"
     res["primary"] = primary
     res["quality"] = V.quality(res["overall"]["accuracy"]["original"], floor, metric="accuracy") \
@@ -340,7 +430,9 @@ def _diagnose(lm, ds, mset, scorer: Scorer, out: Path, final: Path, *, scorings,
                                               "data": str(ds.path), "finished": now_iso(), "seconds": res["seconds"],
                                               "seed": seed, "k": k, "budget_tokens": budget,
                                               "scorings": list(scorings), "mitigations": list(mitigations),
-                                              "mspoe_ratios": list(ratios), "template": template, "chat": chat,
+                                              "mspoe_ratios": list(ratios), "mspoe_layers": mspoe.get("resolved"),
+                                              "mspoe_head_order": mspoe["order"], "template": template, "chat": chat,
+                                              "distractors": mset.stats.get("distractors"),
                                               "references": bool(refs),
                                               "lengths": list(lengths), "depths": list(depths),
                                               "max_new_tokens": scorer.max_new_tokens, "batch_size": scorer.batch_size,
@@ -454,6 +546,21 @@ def _plots(res: dict, out: Path) -> list[Path]:
     return paths
 
 
+PROTOCOLS = {"echo": "the prompt's log-probabilities echoed by /v1/completions (echo with logprobs)",
+             "prompt_logprobs": "vLLM's prompt_logprobs", "forced": "forced tokens (llama.cpp's /completion with "
+             "logit_bias and n_probs, one request per answer token)", None: "not used"}
+
+
+def _server_text(srv: dict) -> str:
+    """The Setup line of a model behind a server: how each score was asked for."""
+    greedy = ", ".join(f"{k} {v}" for k, v in srv["greedy_settings"].items())
+    return md_escape(f"server: {srv['kind']} at {srv['url']}, model {srv['model']}; log-likelihood: "
+                     f"{PROTOCOLS.get(srv['loglik_protocol'], srv['loglik_protocol'])}; greedy generation through "
+                     f"/v1/completions with {greedy}; prompts sent as {srv['prompts_as']}; tokens counted by "
+                     f"{srv['tokenizer']} ({srv['tokenizer_check'] or 'not checked'}); {srv['concurrency']} requests "
+                     f"at a time, {srv['requests']:,} requests in this run")
+
+
 def _ci_cell(x: float, ci, digits: int = 2) -> str:
     return V.minus_signed(x, digits) + (f" [{V.minus_signed(ci[0], digits)}, {V.minus_signed(ci[1], digits)}]" if ci else "")
 
@@ -521,7 +628,10 @@ def _report(res: dict, out: Path, plots: list[Path]) -> None:
         doc.paragraph("Mitigated minus unmodified score on the same questions and gold positions, in points, "
                       "bootstrap over questions. Reordering places the documents by BM25 relevance to the question, "
                       "most relevant at the edges (LangChain's LongContextReorder), wherever the gold one started; "
-                      "Ms-PoE rescales each attention head's position indices (Zhang et al. 2024).")
+                      "Ms-PoE rescales each attention head's position indices (Zhang et al. 2024)"
+                      + (f": ratios {res['mspoe']['ratios'][0]:g} to {res['mspoe']['ratios'][1]:g}, layers "
+                         f"{', '.join(map(str, res['mspoe']['layers']))}, {res['mspoe']['head_order']} head order."
+                         if res.get("mspoe") else "."))
     h = res["heatmap"]
     if h:
         doc.heading("Depth × length")
@@ -541,11 +651,13 @@ def _report(res: dict, out: Path, plots: list[Path]) -> None:
         f"{mod['precision']['precision']} ({md_escape(mod['precision']['reason'])}); chat template: "
         f"{'yes' if res['chat_template'] else 'no'}",
         f"data: {md_escape(data_label(res['data']))}: {res['questions']:,} "
-        f"questions, k = {k} documents each, {st['tokens_mean']:.0f} tokens of documents on average (max "
+        f"questions, k = {k} documents each ({'BM25-retrieved' if st.get('distractors') == 'bm25' else 'random'} "
+        f"distractors), {st['tokens_mean']:.0f} tokens of documents on average (max "
         f"{st['tokens_max']:,}); left out: {md_escape(', '.join(f'{r} {n}' for r, n in left.items() if n) or 'none')}",
         f"prompt: Liu et al.'s {md_escape(res['template'])} template; {res['prompts']:,} prompts per scoring and model",
         "seconds per prompt: " + (", ".join(f"{md_escape(n)} {s:.3f}" for n, s in res["seconds_per_prompt"].items())
                                   or "all from the score cache"),
+        *([_server_text(mod["server"])] if mod.get("server") else []),
     ])
     captions = {"score_by_position": "Score by the gold document's position (95% intervals)",
                 "depth_length": "Answer probability by depth and haystack length"}

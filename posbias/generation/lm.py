@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .. import devices
 from ..encoders import (OTHER_WEIGHTS, WEIGHTS, _looks_like_hub_id, check_vocab_fits, check_weights_file,
                         from_pretrained_quietly, local_dir, open_tokenizer, quiet_transformers, weight_shapes)
@@ -39,6 +41,7 @@ from ..limits import load_json
 from ..precision import Precision, resolve_precision
 from ..retrieval.embed import check_cache_dir
 from ..utils import atomic_write_json
+from .scoring import Encoded, answer_logprobs, encode_prompts, generate_answers
 
 GEMMA = "gemma"
 """The short name of the packaged Gemma 3 270M (as `minilm` is the bundled MiniLM)."""
@@ -81,6 +84,25 @@ class LM:
         return {"model": self.source, "folder": self.folder, "kind": self.kind, "device": str(self.device),
                 "precision": self.precision.to_dict(), "context_length": self.context_length,
                 "parameters": self.parameters, "chat_template": self.chat_template, "fingerprint": self.fingerprint}
+
+    # The scoring members a backend has (`endpoint.ServedLM` has the same ones).
+    def encode(self, texts: list[str], answers: list[str], chat: bool) -> list[Encoded]:
+        """Token ids of each prompt and its gold answer (`scoring.encode_prompts`)."""
+        return encode_prompts(self.tokenizer, texts, answers, chat=chat)
+
+    def loglik(self, encoded, *, batch_size: int, max_tokens: int, before=None) -> np.ndarray:
+        """Each prompt's mean log-probability per gold answer token (`scoring.answer_logprobs`)."""
+        return answer_logprobs(self.model, encoded, pad_id=self.tokenizer.pad_token_id, device=self.device,
+                               batch_size=batch_size, max_tokens=max_tokens, source=self.source, before=before)
+
+    def generate(self, encoded, *, batch_size: int, max_tokens: int, max_new_tokens: int) -> list[str]:
+        """Each prompt's greedy answer, first line (`scoring.generate_answers`)."""
+        return generate_answers(self.model, self.tokenizer, encoded, pad_id=self.tokenizer.pad_token_id,
+                                device=self.device, batch_size=batch_size, max_tokens=max_tokens,
+                                max_new_tokens=max_new_tokens, source=self.source)
+
+    def close(self) -> None:
+        """Nothing to stop: the model lives in this process."""
 
 
 def load_lm(spec, *, device: str = "auto", precision: str = "auto", cache_dir=None, key: str = "--model") -> LM:

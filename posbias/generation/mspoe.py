@@ -33,9 +33,13 @@ Where posbias deviates, and why:
   outlier threshold counts only the keys the query may see (3 / n_visible), so left padding and
   sliding windows change nothing (their 3x mean over the whole row equals it without padding).
   Ties in the score keep the lower head index first (a stable sort).
-- `order="index"` (head i gets r_i, no statistics) is offered for ablations; the authors' own
-  `--head_type normal` is its reverse (head i gets r_{N-1-i}), used in their scripts for the answer
-  positions 5, 7 and 10.
+- `order="index"` (head i gets r_i, no statistics) is offered for ablations, and `order="reversed"` is the
+  authors' own `--head_type normal` (head i gets r_{N-1-i}), which their scripts use for the answer
+  positions 5, 7 and 10 of 10 and the outlier order for 1 and 3 (a choice by gold position, which a
+  diagnosis that does not know the gold position cannot make: posbias applies one order to all).
+- Layers: the authors patch every layer but the first two of a full-attention model. On a model that
+  mixes sliding-window and global layers (Gemma 2 and 3) posbias patches the global ones by default
+  (`resolve_layers`); `layers="all"` is the authors' choice.
 
 Mechanics in transformers 5: `ms_poe` replaces the `forward` of the chosen attention modules with
 `_MsPoEForward` (projections, optional q_norm / k_norm, per-head rotation with the layer's own
@@ -66,8 +70,15 @@ from ..errors import ConfigError
 # Gemma 2 passes `softcap` to its attention, Gemma 3 does not (5.24 ignores attn_logit_softcapping).
 SUPPORTED = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False, "gemma": False,
              "gemma2": True, "gemma3_text": False}
-ORDERS = ("outlier", "index")
+ORDERS = ("outlier", "reversed", "index")
+"""Head orders: the paper's outlier ranking; the authors' fixed reversed order (their `--head_type normal`,
+which their scripts use for the gold positions 5, 7 and 10 of 10: head i gets r_{N-1-i}); and the index
+order (head i gets r_i), for ablations."""
 FIRST_PATCHED_LAYER = 2  # the authors' --apply_layers starts at 2: the first two layers keep plain RoPE
+LAYER_CHOICES = ("auto", "all", "global")
+"""`layers` by name (`resolve_layers`): `all` is the authors' choice, every layer but the first two;
+`global` the global-attention layers among them; `auto` the global ones on a model that mixes sliding-window
+and global attention (Gemma 2 and 3), `all` on a full-attention model (the authors' Vicuna-7B)."""
 
 
 def head_ratios(num_heads: int, min_ratio: float = 1.2, max_ratio: float = 1.8) -> torch.Tensor:
@@ -112,6 +123,45 @@ def _check_ratios(min_ratio, max_ratio) -> None:
             raise ConfigError(f"ms_poe: {name} must be >= 1 (positions are divided by it), got {v!r}")
     if min_ratio > max_ratio:
         raise ConfigError(f"ms_poe: min_ratio ({min_ratio}) must be <= max_ratio ({max_ratio})")
+
+
+def layer_kinds(model: nn.Module) -> list[str]:
+    """Each decoder layer's attention: "full_attention" or "sliding_attention" (config.layer_types where
+    the config has it, else full attention everywhere unless a sliding window covers every layer)."""
+    decoder = _decoder(model)
+    config = getattr(decoder if decoder is not None else model, "config", None)
+    n = len(decoder.layers) if decoder is not None else int(getattr(config, "num_hidden_layers", 0))
+    kinds = getattr(config, "layer_types", None)
+    if isinstance(kinds, (list, tuple)) and len(kinds) == n:
+        return ["sliding_attention" if "sliding" in str(k) else "full_attention" for k in kinds]
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    return ["sliding_attention" if window else "full_attention"] * n
+
+
+def resolve_layers(model: nn.Module, layers="auto") -> list[int]:
+    """The layer indices Ms-PoE patches for `layers` (`LAYER_CHOICES` or a list of indices).
+
+    Ms-PoE's premise is RoPE's long-range decay over the whole context, which a global-attention layer
+    has; a sliding-window layer sees only its window (512 tokens on Gemma 3), where re-scaling positions
+    only distorts short-range codes. So on models that mix the two the default patches the global
+    layers (the authors ran full-attention models only: there every layer but the first two).
+    """
+    if layers is None:
+        layers = "auto"
+    if isinstance(layers, str):
+        if layers not in LAYER_CHOICES:
+            raise ConfigError(f"ms_poe: layers must be one of {', '.join(LAYER_CHOICES)} or a list of indices, "
+                              f"got {layers!r}")
+        kinds = layer_kinds(model)
+        authors = list(range(FIRST_PATCHED_LAYER, len(kinds)))
+        global_ = [i for i in authors if kinds[i] == "full_attention"]
+        hybrid = len(set(kinds)) > 1
+        chosen = global_ if layers == "global" or (layers == "auto" and hybrid) else authors
+        if not chosen:
+            raise ConfigError(f"ms_poe: the model has no {'global-attention ' if layers == 'global' else ''}layer "
+                              f"after the first {FIRST_PATCHED_LAYER} ({len(kinds)} layers); pass layers=[...]")
+        return chosen
+    return list(layers)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -170,6 +220,8 @@ class _MsPoEForward:
         m = self.module
         if self.order == "index":
             return self.ratios.to(q.device).expand(b, -1)
+        if self.order == "reversed":  # the authors' --head_type normal: head i gets r_{N-1-i}
+            return self.ratios.flip(0).to(q.device).expand(b, -1)
         idx = self.handle.query_index
         s = q.shape[2]
         idx = torch.full((b,), s - 1, device=q.device) if idx is None else idx.to(q.device).long().reshape(-1)
@@ -256,16 +308,19 @@ def _configs(model: nn.Module, decoder: nn.Module) -> list:
 
 
 @contextlib.contextmanager
-def ms_poe(model: nn.Module, *, min_ratio: float = 1.2, max_ratio: float = 1.8, layers: Sequence[int] | None = None,
-           order: str = "outlier") -> Iterator[MsPoEHandle]:
+def ms_poe(model: nn.Module, *, min_ratio: float = 1.2, max_ratio: float = 1.8,
+           layers: Sequence[int] | str | None = "auto", order: str = "outlier") -> Iterator[MsPoEHandle]:
     """Turn Ms-PoE on for the duration of a `with` block; the model is restored exactly on exit.
 
     Args:
         model: a Hugging Face causal LM (or its bare decoder) of a type in `SUPPORTED`.
         min_ratio, max_ratio: the ratio range (`head_ratios`), 1 <= min <= max; min = max = 1 is the
             unmodified model (computed in eager attention).
-        layers: layer indices to patch; None: all but the first two, as the authors.
-        order: "outlier" (the paper: heads ranked by `outlier_scores`) or "index" (head i gets r_i).
+        layers: layer indices to patch, or a name (`resolve_layers`): "auto" (default; None too): "global"
+            on a model that mixes sliding-window and global layers, else "all"; "all": every layer but
+            the first two, as the authors; "global": the global-attention layers among those.
+        order: "outlier" (the paper: heads ranked by `outlier_scores`), "reversed" (the authors'
+            `--head_type normal`: head i gets r_{N-1-i}) or "index" (head i gets r_i).
 
     Yields:
         `MsPoEHandle` (patched layers, the ratios each head got at the last prefill, `query_index`).
@@ -291,11 +346,8 @@ def ms_poe(model: nn.Module, *, min_ratio: float = 1.2, max_ratio: float = 1.8, 
     if order not in ORDERS:
         raise ConfigError(f"ms_poe: order must be one of {', '.join(ORDERS)}, got {order!r}")
     n_layers = len(decoder.layers)
-    if layers is None:
-        layers = list(range(FIRST_PATCHED_LAYER, n_layers))
-        if not layers:
-            raise ConfigError(f"ms_poe: the model has {n_layers} layers and Ms-PoE leaves the first "
-                              f"{FIRST_PATCHED_LAYER} alone; pass layers=[...] to patch some")
+    if layers is None or isinstance(layers, str):
+        layers = resolve_layers(model, layers)
     layers = list(layers)
     bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers]
     if bad or len(set(layers)) != len(layers) or not layers:

@@ -43,6 +43,10 @@ class Encoded:
 
     prompt: list[int]
     answer: list[int]
+    text: str = ""
+    """The prompt as the model reads it (after any chat template), for a server that takes text only."""
+    answer_text: str = ""
+    """The answer as it follows the prompt (" Gustave Eiffel")."""
 
 
 def render(tokenizer, text: str, chat: bool) -> str:
@@ -69,7 +73,7 @@ def encode_prompts(tokenizer, prompts: Sequence[str], answers: Sequence[str], *,
     for a, text in zip(ans, answers):
         if not a:
             raise ValueError(f"the gold answer {text!r} has no tokens")
-    return [Encoded(list(p), list(a)) for p, a in zip(ids, ans)]
+    return [Encoded(list(p), list(a), t, lead + x.strip()) for p, a, t, x in zip(ids, ans, texts, answers)]
 
 
 def length_batches(lengths: Sequence[int], batch_size: int, max_tokens: int = MAX_BATCH_TOKENS) -> list[list[int]]:

@@ -267,3 +267,30 @@ def test_bm25_relevance_equals_the_retrieval_baseline():
     ours = bm25_relevance(question, docs)
     top = max(ours)
     assert top > 0 and all(abs(a - float(b)) <= 1e-5 * top for a, b in zip(ours, block[0], strict=True))
+
+
+def test_bm25_distractors_are_the_top_ranked_other_articles_paragraphs_most_relevant_first(demo):
+    from posbias.generation.benchmark import _Pool
+
+    mset = multi_document_qa(demo, words, k=5, max_doc_tokens=10**6, distractors="bm25",
+                             question_ids=[e.id for e in demo[:30]])
+    pool = _Pool(demo, words)
+    assert mset.stats["distractors"] == "bm25" and len(mset.questions) > 20
+    for q in mset.questions:
+        relevance = bm25_relevance(q.question, pool.docs)  # the whole pool as the corpus, in plain Python
+        ok = [i for i, d in enumerate(pool.docs) if d.title != q.gold.title.replace("_", " ")
+              and not holds_an_answer(d, q.answers)]
+        best = sorted(ok, key=lambda i: (-relevance[i], i))[:4]
+        assert list(q.distractors) == [pool.docs[i] for i in best]  # no budget binds: exactly the top 4
+        assert [relevance[pool.docs.index(d)] for d in q.distractors] == sorted(
+            (relevance[pool.docs.index(d)] for d in q.distractors), reverse=True)
+    random_set = multi_document_qa(demo, words, k=5, max_doc_tokens=10**6, question_ids=[e.id for e in demo[:30]])
+    assert [q.distractors for q in random_set.questions] != [q.distractors for q in mset.questions]
+
+
+def test_bm25_distractors_keep_the_budget(demo):
+    mset = multi_document_qa(demo, words, k=5, max_doc_tokens=400, distractors="bm25")
+    assert mset.questions and all(q.tokens <= 400 for q in mset.questions)
+    assert all(doc_tokens(q.gold) + sum(map(doc_tokens, q.distractors)) == q.tokens for q in mset.questions)
+    with pytest.raises(ConfigError, match="distractors must be one of random, bm25"):
+        multi_document_qa(demo, words, k=5, max_doc_tokens=400, distractors="dense")

