@@ -113,6 +113,7 @@ class Task(Protocol):
     position_metrics: Callable | None  # (result, alphas) -> metrics an experiment records
     report_figures: Callable | None  # (results, plots_dir) -> [(title, png)]
     improvement_rows: Callable | None  # (results) -> [dict]: task-specific report analyses
+    report_sections: Callable | None  # (results) -> [(heading, text, head, body, JSON rows)]: more report analyses
 
 
 def get_task(name: str, key: str | None = None) -> Task:

@@ -204,16 +204,27 @@ _PRINTED = re.compile(rf"(?<![\w.^/@])(?<!\w-)(?<!\w\()(?<!\^\()([+\-−]?)(<\s?
 _UNIT_AFTER = re.compile(r"(?:[- ]|\+ )?(?:seeds?|steps?|questions?|epochs?|runs?|examples?|sentences?|words?|tokens?|"
                          r"characters?|copies|CPU|cores?|GPUs?|minutes|instances|passages|documents|tests|ids|q\b|"
                          r"th\b|nd\b|rd\b|st\b|×|CI\b)")
-_SETTING_BEFORE = re.compile(r"(?:\b[A-Za-zα]+ = |\b(?:seeds?|ids?|Table|Fig\.|Eq\.|§|step|batch|lr|copy|position|token|"
+_SETTING_BEFORE = re.compile(r"(?:\b[A-Za-zα]+ = |§\s?|\b(?:seeds?|ids?|Table|Fig\.|Eq\.|step|batch|lr|copy|position|token|"
                              r"sentences?|layer|top|chance)\s)$")
+# What a rendered Results page must not carry: a lab notebook's dates, session and queue words, and paths
+# that exist only on the machines the runs were made on (a re-run reads data through `shared:` paths).
+NOTEBOOK = re.compile(r"\b20\d\d-\d\d-\d\d\b|\bsessions?\b|\bqueue[ds]?\b|/tmp/|\.\./shared|\bthis morning\b|"
+                      r"\bnext sessions?\b|\bprepared and queued\b", re.IGNORECASE)
 
 
-def printed_numbers(text: str) -> list[re.Match]:
+_UNIT_SOON = re.compile(r"(?: [A-Za-z_][\w-]*){1,2}(?= (?:seeds?|steps?|questions?|epochs?|examples?|sentences?|words?|"
+                        r"tokens?|documents|passages)\b)")
+
+
+def printed_numbers(text: str, regime: bool = False) -> list[re.Match]:
     """The numbers of a cell that state a result: every number but the regime's (counts before a unit,
-    settings, ids, a metric's argument, an interval's level)."""
+    settings, ids, a metric's argument, an interval's level). `regime`: the text describes the setup, where
+    a count may stand one or two words before its unit ("8,000 SQuAD training questions")."""
     out = []
     for m in _PRINTED.finditer(text):
         if _UNIT_AFTER.match(text, m.end()) or _SETTING_BEFORE.search(text[:m.start()]):
+            continue
+        if regime and _UNIT_SOON.match(text, m.end()):
             continue
         out.append(m)
     return out
@@ -225,14 +236,16 @@ def listed_numbers(row: dict) -> set[str]:
 
 
 def unaccounted(row: dict) -> list[str]:
-    """The numbers of a row's ours and verdict cells (short and full) that no check recomputes and no
-    `unchecked` entry lists, each with a few characters of context."""
+    """The numbers of a row's ours and verdict cells (short and full) and of its regime, which its paper's
+    Results page prints too, that no check recomputes and no `unchecked` entry lists, each with a few
+    characters of context."""
     listed = listed_numbers(row)
     quoted = " ".join(str((row.get(part) or {}).get("claim") or "") for part in ("short", "full"))
     out = []
-    for part in ("short", "full"):
-        for cell in SCANNED:
-            text = " ".join(str((row.get(part) or {}).get(cell) or "").split())
+    texts = [(part, cell, (row.get(part) or {}).get(cell)) for part in ("short", "full") for cell in SCANNED]
+    for part, cell, raw in texts + [("the", "regime", row.get("regime"))]:
+        if True:
+            text = " ".join(str(raw or "").split())
             checked = set()
             for c in row.get("checks") or []:
                 start = text.find(c["text"])
@@ -241,7 +254,7 @@ def unaccounted(row: dict) -> list[str]:
                     if inside:
                         checked.add(start + inside[-1].start(3))
                     start = text.find(c["text"], start + 1)
-            for m in printed_numbers(text):
+            for m in printed_numbers(text, regime=cell == "regime"):
                 if text[:m.start()].endswith("paper's ") and m.group(3) in quoted:
                     continue  # the paper's number, as its claim cell quotes it
                 if m.start(3) not in checked and m.group(3) not in listed:
@@ -342,9 +355,29 @@ def check(summary: dict, page: str | None = None) -> list[str]:
         for m in printed_numbers(text):
             problems.append(f"findings bullet {i + 1}: prints {m.group(0)!r} (…{text[max(0, m.start() - 25):m.end() + 10]}…): "
                             "a finding names rows, whose numbers are checked, and prints none of its own")
-    for key in papers:
+    for key, paper in papers.items():
         if not any(r.get("paper") == key for r in summary["rows"]):
             problems.append(f"paper {key!r} has no row")
+        for field in ("about", "name", "title"):
+            text = " ".join(str((paper or {}).get(field) or "").split())
+            for m in (printed_numbers(text) if field == "about" else []):
+                problems.append(f"paper {key!r}: its about text prints {m.group(0)!r}: the page shows it unchecked; "
+                                "move the number into a row")
+            if NOTEBOOK.search(text):
+                problems.append(f"paper {key!r}: its {field} reads like a lab notebook "
+                                f"({NOTEBOOK.search(text).group(0)!r})")
+    for row in summary["rows"]:
+        spec = row.get("primary")
+        rendered = [("regime", row.get("regime")), *(("rerun", c) for c in row.get("rerun") or []),
+                    *(("unchecked list", u) for u in row.get("unchecked") or []),
+                    ("primary", spec.get("none") if isinstance(spec, dict) else None),
+                    *((f"{part} {cell}", (row.get(part) or {}).get(cell)) for part in ("short", "full") for cell in CELLS)]
+        for where, text in rendered:
+            m = NOTEBOOK.search(str(text or ""))
+            if m:
+                problems.append(f"{row['claim']!r}: its {where} reads like a lab notebook ({m.group(0)!r}): a Results "
+                                "page carries no dates, session or queue words, nor paths of the machines the runs "
+                                "were made on (read data through `shared:` paths)")
     if page is not None:
         listed = {r["claim"] for r in summary["rows"]}
         for c, _, _ in table_rows(page):  # every row of the page's table must be in summary.yaml

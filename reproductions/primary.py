@@ -24,9 +24,26 @@ Everything else a row prints is secondary: reported unadjusted, and labelled so.
         paper_effect: 1.65                # optional: the paper's arm − versus
     primary: {none: "why no seed-level test decides this claim"}
 
+A diagnosis (`docs/diagnoses/<name>`, one deterministic model: no seeds) is tested over its questions,
+paired by question, from its scores.json (every question's score at every position):
+
+      - label: "Ms-PoE − unmodified in the middle, answer probability"
+        diagnosis: docs/diagnoses/generation_gemma_squad_dev_k5_mspoe
+        scores: loglik/mspoe/loglik       # the arm's per-question scores (scores.json key)
+        versus: loglik/original/loglik    # minus these, at the same positions
+        positions: middle                 # middle (2..k-1) | all | [1-based positions]
+        direction: greater
+      - label: "U-shape, answer probability"
+        diagnosis: docs/diagnoses/generation_gemma_squad_dev_k5
+        scores: loglik/original/loglik
+        statistic: u_shape                # the middle below both edges: middle − first and middle − last,
+        direction: less                   # each one-sided; p is the larger (both must hold), diff the weaker
+
 Optional keys: dataset (the store's data set of the arm; `versus` may name another), only (shell
 patterns of run names), segmenter and segment (a QA store's segment of the questions, e.g.
-first_x_tokens(x=100) / S100(2): its F1; `metric` then names it).
+first_x_tokens(x=100) / S100(2): its F1; `metric` then names it); segmenter with `rear` and `front` (two
+segments): the run's rear F1 minus its front F1, so that arm − versus is the difference in differences of
+the position gap (e.g. Random Padding's control: rear − front, RP − baseline, `direction: greater`).
 """
 from __future__ import annotations
 
@@ -61,8 +78,15 @@ def _results(store: str, only: tuple[str, ...] | None) -> dict:
 
 
 def seed_values(test: dict, arm: dict) -> dict[int, float]:
-    """{seed: value} of one arm (the test's keys overridden by `arm`) from its store's finished runs."""
+    """{seed: value} of one arm (the test's keys overridden by `arm`) from its store's finished runs.
+    With `rear` and `front` (segments of `segmenter`), the value is the run's F1 on the rear segment minus
+    its F1 on the front one: the position gap, whose method − baseline difference is the difference in
+    differences (`analysis.bias.gap_rows`)."""
     spec = {**test, **arm}
+    if spec.get("rear") is not None:
+        rear = seed_values({k: v for k, v in spec.items() if k not in ("rear", "front")}, {"segment": spec["rear"]})
+        front = seed_values({k: v for k, v in spec.items() if k not in ("rear", "front")}, {"segment": spec["front"]})
+        return {s: rear[s] - front[s] for s in sorted(set(rear) & set(front))}
     results = _results(spec["store"], tuple(spec["only"]) if spec.get("only") else None)
     method = spec.get("method") or results["baseline"]
     out = {}
@@ -88,6 +112,72 @@ def seed_values(test: dict, arm: dict) -> dict[int, float]:
     return out
 
 
+@lru_cache(maxsize=None)
+def _scores(diagnosis: str) -> dict:
+    import json
+
+    return json.loads((ROOT / diagnosis / "scores.json").read_text(encoding="utf-8"))
+
+
+def _positions(spec, k: int) -> list[int]:
+    """0-based columns of `positions` (middle | all | 1-based list) in a k-position score matrix."""
+    if spec in (None, "all"):
+        return list(range(k))
+    if spec == "middle":
+        return list(range(1, k - 1))
+    return [int(p) - 1 for p in spec]
+
+
+def question_differences(test: dict) -> list[list[float]]:
+    """A diagnosis test's per-question differences (one list; two for `u_shape`: middle − first,
+    middle − last), from its scores.json."""
+    scores = _scores(test["diagnosis"])
+    if test["scores"] not in scores:
+        raise LookupError(f"{test['diagnosis']}/scores.json has no {test['scores']!r}")
+    arm = scores[test["scores"]]
+    k = len(arm[0])
+    mean = lambda row, cols: sum(row[c] for c in cols) / len(cols)  # noqa: E731
+    if test.get("statistic") == "u_shape":
+        mid = _positions("middle", k)
+        return [[mean(r, mid) - r[0] for r in arm], [mean(r, mid) - r[-1] for r in arm]]
+    cols = _positions(test.get("positions"), k)
+    versus = scores.get(test.get("versus")) if test.get("versus") else None
+    if test.get("versus") and versus is None:
+        raise LookupError(f"{test['diagnosis']}/scores.json has no {test['versus']!r}")
+    return [[mean(a, cols) - (mean(v, cols) if versus else 0.0) for a, v in zip(arm, versus or arm)]]
+
+
+def _one_sided(d: list[float], sign: float, effect=None) -> dict:
+    """The paired one-sided t-test of the mean of `d` (module docstring's keys but the arm means)."""
+    from scipy import stats
+
+    n = len(d)
+    out = {"n": n, "diff": sum(d) / n if n else math.nan, "p": math.nan, "p_size": math.nan, "smaller": False,
+           **t_interval(d)}
+    if n < 2:
+        return out
+    mean = out["diff"]
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    se = sd / math.sqrt(n) if sd else 0.0
+    out["p"] = (0.0 if sign * mean > 0 else 1.0) if sd == 0 else float(stats.t.sf(sign * mean / se, n - 1))
+    if effect is not None:
+        out["p_size"] = ((0.0 if sign * (mean - effect) < 0 else 1.0) if sd == 0
+                         else float(stats.t.cdf(sign * (mean - effect) / se, n - 1)))
+        out["smaller"] = bool(out["p_size"] < ALPHA)
+    return out
+
+
+def _compute_diagnosis(test: dict) -> dict:
+    sign = 1.0 if test["direction"] == "greater" else -1.0
+    parts = [_one_sided(d, sign, test.get("paper_effect")) for d in question_differences(test)]
+    out = max(parts, key=lambda r: (r["p"] if r["p"] == r["p"] else math.inf))  # the weaker part decides
+    out = dict(out)
+    out["arm_mean"] = out["versus_mean"] = math.nan
+    if len(parts) > 1:
+        out["parts"] = parts
+    return out
+
+
 def compute(test: dict) -> dict:
     """One primary test, unadjusted: {n, diff, arm_mean, versus_mean (over the paired seeds), ci_low,
     ci_high (the two-sided 95% t-interval), p
@@ -97,6 +187,8 @@ def compute(test: dict) -> dict:
 
     if test.get("direction") not in DIRECTIONS:
         raise ValueError(f"primary test {test.get('label') or test.get('method')!r}: direction must be one of {DIRECTIONS}")
+    if test.get("diagnosis"):  # over questions, paired (module docstring)
+        return _compute_diagnosis(test)
     arm = seed_values(test, {})
     versus_spec = {"method": None, **(test.get("versus") or {})}
     versus = seed_values(test, versus_spec)
@@ -152,6 +244,14 @@ def describe(test: dict) -> str:
     """The comparison in words, run names resolved from the store: "cp − baseline, sub-token F1(10)
     (test D*(k)) > 0"; a comparison of two metrics of the same runs: "baseline: sub-token F1(10) −
     sub-token F1 (test D*(k)) < 0"."""
+    if test.get("diagnosis"):
+        sign = ">" if test["direction"] == "greater" else "<"
+        if test.get("statistic") == "u_shape":
+            return f"{test['scores']}: middle − first {sign} 0 and middle − last {sign} 0 (paired by question)"
+        where = test.get("positions") or "all"
+        where = f"positions {', '.join(map(str, where))}" if isinstance(where, list) else f"{where} positions"
+        versus = f" − {test['versus']}" if test.get("versus") else ""
+        return f"{test['scores']}{versus}, {where} (paired by question) {sign} 0"
     base = _results(test["store"], tuple(test["only"]) if test.get("only") else None)["baseline"]
     versus = test.get("versus") or {}
     arm = "/".join(str(x) for x in (test.get("dataset"), test.get("method") or base) if x)
@@ -159,6 +259,9 @@ def describe(test: dict) -> str:
                                       versus.get("method") or (test.get("method") or base if "metric" in versus
                                                                or "dataset" in versus else base)) if x)
     sign = ">" if test["direction"] == "greater" else "<"
+    if test.get("rear") is not None:
+        return (f"{arm} − {other}, F1 {test['rear']} − F1 {test['front']} ({test['segmenter']}, {test['eval_set']}) "
+                f"{sign} 0")
     if "metric" in versus:
         return f"{arm}: {test['metric']} − {versus['metric']} ({test['eval_set']}) {sign} 0"
     return f"{arm} − {other}, {test['metric']} ({test['eval_set']}) {sign} 0"

@@ -1,12 +1,13 @@
 """The Results pages of the documentation site, generated from reproductions/summary.yaml (the rows of
 claims, their verdicts, primary tests, regimes and re-run commands), the archived stores under
-docs/experiments/ (runs, methods and seeds of each experiment), each paper's hand-written
-reproductions/<paper>/DETAILS.md, and reproductions/which_method.py's page per task.
+docs/experiments/ (runs, methods and seeds of each experiment) and reproductions/which_method.py's page
+per task. Nothing hand-written is rendered: each paper's measurement notes (reproductions/<paper>/NOTES.md)
+stay in the repository, and reproductions/check_summary.py checks every number a page prints.
 
     python reproductions/results_pages.py --out DIR     # writes DIR/results/<page>.md
 
 The site's build hook calls `pages()`; the generated pages are not committed (docs/results/ holds only
-the hand-written performance.md). reproductions/check_summary.py checks every number the rows print.
+performance.md).
 """
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def _p(x: float) -> str:
 
 def primary_table(summary: dict, tests: list[dict], with_paper: bool = True) -> str:
     """The primary tests of `tests` (primary_module.primary_tests rows): one line each."""
-    head = ["claim", "primary test", "seeds", "Δ [95% CI]", "p (one-sided)", "Holm (family)",
+    head = ["claim", "primary test", "n", "Δ [95% CI]", "p (one-sided)", "Holm (family)",
             "paper's Δ", "at least the paper's? p"]
     if with_paper:
         head = ["paper"] + head
@@ -127,7 +128,8 @@ def primary_table(summary: dict, tests: list[dict], with_paper: bool = True) -> 
 PRIMARY_TEXT = (
     "Each claim's verdict rests on one primary test, fixed in `reproductions/summary.yaml` before the "
     "verdict: one metric, one comparison, the paper's direction, tested one-sided over seeds (paired by "
-    "seed). Holm's correction runs over each paper's primary tests (the family column); ✓ marks a test "
+    "seed; n is the seeds), or, for a diagnosis of one model, over its questions (paired by question; n is "
+    "the questions). Holm's correction runs over each paper's primary tests (the family column); ✓ marks a test "
     "that holds at 0.05 after it. Where the paper gives an effect size, the last column tests whether ours "
     "is at least the paper's (one-sided; \"smaller\" when its 95% bound excludes the paper's number). "
     "Every other number in the rows is secondary: reported unadjusted, two-sided, and labelled so.")
@@ -206,9 +208,6 @@ def paper_page(summary: dict, key: str) -> str:
     for row in rows:
         names += [n for n in row.get("experiments") or [] if n not in names]
     parts += ["## Experiments\n", experiments_table(names)]
-    details = details_text(key)
-    if details:
-        parts += ["## Details\n", details]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -217,7 +216,7 @@ def row_section(row: dict) -> str:
     rerun = "\n".join(row.get("rerun") or [])
     checks = row.get("checks") or []
     stores = sorted({c.get("store") or c.get("diagnosis") for c in checks if "primary" not in c}
-                    | {t["store"] for t in primary_module.tests_of(row)})
+                    | {t.get("store") or t["diagnosis"] for t in primary_module.tests_of(row)})
     checked = (f"{len(checks)} numbers of this row are recomputed from "
                + ", ".join(f"`{s}`" for s in stores) + " by `python reproductions/check_summary.py`."
                if checks else "No number of this row is recomputed from a store.")
@@ -294,24 +293,6 @@ def experiments_table(names: list[str]) -> str:
         "The folders are in the repository, not on this site. Each holds the experiment's spec "
         "(`experiment.yaml`) and report, and, unless archived as a report only, its store "
         "(`experiment.sqlite`), from which `posbias experiment report docs/experiments/NAME` rebuilds the report.") + "\n")
-
-
-def details_text(key: str) -> str:
-    """reproductions/<paper>/DETAILS.md without its title, its headings one level down (under "Details")."""
-    path = ROOT / "reproductions" / FOLDERS.get(key, key.replace("-", "_")) / "DETAILS.md"
-    if not path.exists():
-        return ""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if lines and lines[0].startswith("# "):
-        lines = lines[1:]
-    out, fence = [], False
-    for line in lines:
-        if line.lstrip().startswith("```"):
-            fence = not fence
-        if not fence and re.match(r"#{1,5} ", line):
-            line = "#" + line
-        out.append(line)
-    return "\n".join(out).strip() + "\n"
 
 
 def main(argv=None) -> int:

@@ -195,18 +195,19 @@ def experiment_rows(results: dict, *, min_size: int | None = None, floor: float 
             b = alpha_bias(v)
             n = sizes.get((name, eval_set))
             point = (None if b is None or b["drop"] is None or (n is not None and n < min_size) else
-                     {"effect": b["drop"], "psi": b["psi"], "front": {"label": "copy 1", "n": n},
-                      "rear": {"label": f"copy {len(v)}", "n": n}})
+                     {"effect": b["drop"], "psi": b["psi"], "front": {"label": "copy 1", "n": n, "score": v[0]},
+                      "rear": {"label": f"copy {len(v)}", "n": n, "score": v[-1]}})
         else:
             point = sized_effect(v, min_size)
         key = (r["dataset"], r["train_size"], eval_set, bucketing, kind)
-        values.setdefault(key, {}).setdefault(r["method"], []).append((point, _main_score(r["metrics"].get(eval_set))))
+        values.setdefault(key, {}).setdefault(r["method"], []).append((point, _main_score(r["metrics"].get(eval_set)),
+                                                                        r["seed"]))
     rows = []
     for (dataset, size, eval_set, bucketing, kind), by_method in sorted(values.items(), key=lambda kv: str(kv[0])):
         order = [m for m in results["methods"] if m in by_method] + sorted(set(by_method) - set(results["methods"]))
         for method in order:
-            pts = [p for p, _ in by_method[method] if p is not None]
-            score, _ = mean_std([sc for _, sc in by_method[method] if sc is not None])
+            pts = [p for p, _, _ in by_method[method] if p is not None]
+            score, _ = mean_std([sc for _, sc, _ in by_method[method] if sc is not None])
             row = {"dataset": dataset, "train_size": size, "eval_set": eval_set, "bucketing": bucketing,
                    "kind": kind, "method": method, "n_runs": len(pts), "runs_without_groups": len(by_method[method]) - len(pts),
                    "front": pts[0]["front"]["label"] if pts else None, "rear": pts[0]["rear"]["label"] if pts else None,
@@ -217,9 +218,43 @@ def experiment_rows(results: dict, *, min_size: int | None = None, floor: float 
             pm, ps = mean_std([p["psi"] for p in pts])
             ci = t_interval([p["effect"] for p in pts])
             row.update(effect_mean=em, effect_std=es, effect_ci=ci, psi_mean=pm, psi_std=ps,
-                       evidence=evidence(em, ci, enough=len(pts) >= 2))
+                       evidence=evidence(em, ci, enough=len(pts) >= 2),
+                       by_seed={str(seed): {"effect": p["effect"], "front": p["front"].get("score"),
+                                            "rear": p["rear"].get("score"), "groups": [p["front"]["label"],
+                                                                                      p["rear"]["label"]]}
+                                for p, _, seed in by_method[method] if p is not None})
             rows.append(row)
     return rows
+
+
+def gap_rows(rows: list[dict], baseline: str) -> list[dict]:
+    """The change of the position gap against the baseline, a method's position-bias effect: per bucketing x
+    method (not the baseline), paired by seed over the seeds whose front and rear groups are the baseline's,
+    the difference in differences (method − baseline) of front − rear, and the method − baseline change of the
+    front and of the rear score, each with its mean and 95% t-interval over seeds. A method that removes
+    position bias has a negative gap change; how it got there (the rear raised, or the front lowered) is in
+    the two sides. Rows of `experiment_rows`."""
+    base = {(r["dataset"], r["train_size"], r["eval_set"], r["bucketing"], r["kind"]): r
+            for r in rows if r["method"] == baseline}
+    out = []
+    for r in rows:
+        b = base.get((r["dataset"], r["train_size"], r["eval_set"], r["bucketing"], r["kind"]))
+        if r["method"] == baseline or b is None:
+            continue
+        seeds = sorted(s for s in set(r["by_seed"]) & set(b["by_seed"])
+                       if r["by_seed"][s]["groups"] == b["by_seed"][s]["groups"]
+                       and None not in (r["by_seed"][s]["front"], b["by_seed"][s]["front"]))
+        if not seeds:
+            continue
+        row = {k: r[k] for k in ("dataset", "train_size", "eval_set", "bucketing", "kind", "method", "front", "rear")}
+        row["seeds"] = len(seeds)
+        for name, key in (("gap_change", "effect"), ("front_change", "front"), ("rear_change", "rear")):
+            d = [r["by_seed"][s][key] - b["by_seed"][s][key] for s in seeds]
+            mean, std = mean_std(d)
+            row[name] = {"mean": mean, "std": std, "ci": t_interval(d) if len(d) > 1 else None}
+        row["reduces_bias"] = evidence(row["gap_change"]["mean"], row["gap_change"]["ci"], enough=len(seeds) >= 2)
+        out.append(row)
+    return out
 
 
 def _main_score(m: dict | None) -> float | None:

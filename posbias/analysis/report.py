@@ -141,6 +141,34 @@ def bias_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     return head, body
 
 
+GAP_WORDS = {"reversed": "yes: smaller", "yes": "no: larger", "no": "not shown", "too few": "too few"}
+"""The gap change's interval (`bias.gap_rows`) in words: below 0, the method narrows the position gap."""
+
+
+def gap_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The "Change of the position gap" block: per bucketing x method, the method − baseline change of the
+    front score, of the rear score and of front − rear (difference in differences), each with its 95%
+    t-interval over paired seeds (`analysis.bias.gap_rows`)."""
+    def cell(part):
+        ci = part["ci"]
+        return fmt(part["mean"], 2) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
+
+    head = ["data", "eval set", "bucketing", "method", "front", "rear", "seeds", "Δ front [95% CI]",
+            "Δ rear [95% CI]", "Δ (front − rear) [95% CI]", "gap narrowed"]
+    body = [[_scope(r), r["eval_set"], r["bucketing"], r["method"], str(r["front"]), str(r["rear"]), str(r["seeds"]),
+             cell(r["front_change"]), cell(r["rear_change"]), cell(r["gap_change"]), GAP_WORDS[r["reduces_bias"]]]
+            for r in rows]
+    return head, body
+
+
+GAP_NOTE = ("A method's position-bias effect is its change of the gap, not its level: per seed, the method's "
+            "front − rear minus the baseline's (a difference in differences; negative: the method narrows the gap), "
+            "with the change of each side beside it (Δ front, Δ rear: method − baseline), so that a gap closed by "
+            "lowering the front is told from one closed by raising the rear. Means over the seeds both have with "
+            "the same front and rear groups, 95% t-intervals over those seeds. \"gap narrowed\": yes when the "
+            "interval of Δ (front − rear) lies below 0, no when above, not shown when it covers 0.")
+
+
 def bias_note(rows: list[dict]) -> str:
     """What the block's numbers are, for the kinds of bucketing it shows (QA buckets, tagging α curves)."""
     kinds = {r["kind"] for r in rows}

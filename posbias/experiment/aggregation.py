@@ -38,6 +38,9 @@ def load_results(exp_dir, *, only: list[str] | None = None, baseline: str | None
         segments = [dict(r) for r in conn.execute("SELECT * FROM segments")]
         curves = [dict(r) for r in conn.execute("SELECT * FROM curves ORDER BY run, kind, step")]
         questions = [dict(r) for r in conn.execute("SELECT * FROM question_scores")]
+        tables = {t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        copies = ([dict(r) for r in conn.execute("SELECT run, eval_set, data FROM copy_scores")]
+                  if "copy_scores" in tables else [])
     for r in runs:
         r["metrics"] = _stored_metrics(r, db)
     if only:
@@ -45,8 +48,8 @@ def load_results(exp_dir, *, only: list[str] | None = None, baseline: str | None
         if not runs:
             raise ConfigError(f"--only {' '.join(only)} matches none of the runs in {db}")
         kept = {r["name"] for r in runs}
-        segments, curves, questions = ([row for row in rows if row["run"] in kept]
-                                       for rows in (segments, curves, questions))
+        segments, curves, questions, copies = ([row for row in rows if row["run"] in kept]
+                                               for rows in (segments, curves, questions, copies))
     present = {r["method"] for r in runs}
     methods = [m for m in (spec.get("methods") or {}) if m in present] or sorted(present)
     if baseline is None:
@@ -55,7 +58,7 @@ def load_results(exp_dir, *, only: list[str] | None = None, baseline: str | None
         raise ConfigError(f"--baseline {baseline}: no runs of that method in {db}"
                           + (f" matching --only {' '.join(only)}" if only else "") + f" (methods: {', '.join(methods)})")
     return {"name": spec.get("name", Path(exp_dir).name), "spec": spec, "runs": runs, "segments": segments,
-            "curves": curves, "questions": questions, "methods": methods, "baseline": baseline}
+            "curves": curves, "questions": questions, "copies": copies, "methods": methods, "baseline": baseline}
 
 
 def _stored_metrics(run: dict, db: Path) -> dict:

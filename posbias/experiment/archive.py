@@ -11,7 +11,7 @@ from .. import outputs
 from ..errors import ConfigError
 from ..utils import atomic_write_text
 from .collect import position_update_curve
-from .store import check_store, connect, grid_running, open_for_reading, readable_store
+from .store import OPTIONAL_TABLES, check_store, connect, grid_running, open_for_reading, readable_store
 
 
 def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
@@ -38,6 +38,8 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
     with closing(connect(dest_db)) as work, readable_store(dest_db), \
             readable_store(src_db), closing(open_for_reading(src_db)) as src:
         check_store(src, src_db)
+        present = {t for (t,) in src.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        source_optional = sorted(OPTIONAL_TABLES & present)  # what an older source store lacks stays empty
         with work:  # BEGIN IMMEDIATE: the destination store's write lock, for the whole copy
             finished = src.execute("SELECT * FROM runs WHERE status = 'finished' ORDER BY name").fetchall()
             columns = [c[0] for c in src.execute("SELECT * FROM runs LIMIT 0").description]
@@ -54,7 +56,7 @@ def copy_results(src_dir, dest_dir, *, force: bool = False) -> dict:
             for row in finished:
                 work.execute("DELETE FROM runs WHERE name = ?", (row[0],))
                 work.execute(f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", row)
-                for table in ("segments", "question_scores", "curves"):
+                for table in ("segments", "question_scores", "curves", *source_optional):
                     work.execute(f"DELETE FROM {table} WHERE run = ?", (row[0],))
                     rows = src.execute(f"SELECT * FROM {table} WHERE run = ?", (row[0],)).fetchall()
                     if rows:

@@ -84,10 +84,13 @@ def collect_results(exp: Experiment, run: Run) -> dict:
         sets["val"] = (run.config.data.eval_file, out / "eval")
     for name, path in exp.eval_sets.items():
         sets[name] = (path, out / "evals" / name)
-    metrics, questions, segments = {}, {}, []
+    metrics, questions, segments, copies = {}, {}, [], {}
     for name, options in exp.position_eval.items():
         result = json.loads((out / "position_eval" / name / "diagnosis.json").read_text(encoding="utf-8"))
         metrics[f"{name} D*(k)"] = task.position_metrics(result, options.get("alphas", (5, 10)))
+        per_copy = out / "position_eval" / name / "copy_scores.npz"  # tagging.duplicated.COPY_SCORES
+        if per_copy.is_file():
+            copies[f"{name} D*(k)"] = per_copy.read_bytes()
     for name, (path, folder) in sets.items():
         # The validation set as training read it; eval sets whole, as they were scored.
         ds = task.read(path, run.config if name == "val" else eval_config(run.config, None))
@@ -114,7 +117,7 @@ def collect_results(exp: Experiment, run: Run) -> dict:
     curves.update(position_update_curve(out / "position_updates.json"))
     return {"metrics": metrics, "questions": questions, "segments": segments,
             "curves": [(kind, step, value) for (kind, step), value in curves.items()],
-            "versions": info.get("versions")}
+            "copies": copies, "versions": info.get("versions")}
 
 
 def position_update_curve(path: Path) -> dict:

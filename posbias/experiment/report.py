@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 
-from ..analysis.bias import experiment_rows
-from ..analysis.report import (NO_BIAS, _mean_sd, _no_std, _scope, bias_note, bias_sentences, bias_table, code_table,
-                               comparison_table, plot_comparison, plot_curves, plot_segments, plot_updates,
-                               segment_table)
+from ..analysis.bias import experiment_rows, gap_rows
+from ..analysis.report import (GAP_NOTE, NO_BIAS, _mean_sd, _no_std, _scope, bias_note, bias_sentences, bias_table,
+                               code_table, comparison_table, gap_table, plot_comparison, plot_curves, plot_segments,
+                               plot_updates, segment_table)
 from ..outputs import claim_folder, no_link
 from ..render import Document, fmt, md_escape
 from ..tasks import get_task
@@ -31,10 +31,12 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     seg_rows = aggregate_segments(results, bootstrap_samples=bootstrap_samples)
     bias_rows = experiment_rows(results)
     # Task-specific analyses (QA: corrections vs boundaries, Random Padding paper §6.2).
-    improvements = []
+    improvements, sections = [], []
     for name in sorted({json.loads(run["config_json"]).get("task", "qa") for run in results["runs"]}):
         analyse = get_task(name).improvement_rows  # an optional capability: None where the task has none
         improvements += analyse(results) if analyse is not None else []
+        more = getattr(get_task(name), "report_sections", None)  # optional too (a plug-in may lack it)
+        sections += more(results) if more is not None else []
     plots = no_link(exp_dir / "plots", "experiment report")
     plots.mkdir(exist_ok=True)
     metrics = list(dict.fromkeys(r["metric"] for r in rows))
@@ -65,10 +67,15 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     doc = Document(f"Experiment {results['name']}")
     # The position bias first: one number per bucketing and method, before the detail.
     doc.heading("Position bias")
+    gaps = gap_rows(bias_rows, results["baseline"])
     if bias_rows:
         doc.bullets(bias_sentences(bias_rows, md_escape))
         doc.table(*bias_table(bias_rows))
         doc.paragraph(bias_note(bias_rows))
+        if gaps:
+            doc.heading("Change of the position gap against the baseline")
+            doc.table(*gap_table(gaps))
+            doc.paragraph(GAP_NOTE)
     else:
         doc.paragraph(NO_BIAS)
     doc.paragraph(summary(md_escape))
@@ -105,6 +112,10 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
                     _mean_sd(r["boundary_share_mean"], r["boundary_share_std"],
                              1 if _no_std(r["boundary_share_std"]) else r["seeds"]),
                     fmt(100 - r["boundary_share_mean"])] for r in improvements])
+    for heading, text, head, body, _ in sections:
+        doc.heading(heading)
+        doc.paragraph(md_escape(text))
+        doc.table(head, body)
     ch, cb = code_table(runs)
     if cb:
         doc.heading("Code and versions")
@@ -116,7 +127,9 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     for title, p in figures:
         doc.figure(title, p, f"plots/{p.name}")
     doc.write(exp_dir, "report")
-    atomic_write_json(exp_dir / "report.json", {"position_bias": bias_rows, "rows": rows, "segments": seg_rows,
-                                                "improvements": improvements})
+    atomic_write_json(exp_dir / "report.json", {"position_bias": bias_rows, "position_gap": gaps, "rows": rows,
+                                                "segments": seg_rows,
+                                                "improvements": improvements,
+                                                **({"sections": {h: js for h, _, _, _, js in sections}} if sections else {})})
     return {"report_md": str(exp_dir / "report.md"), "report_html": str(exp_dir / "report.html"),
             "plots": [str(p) for _, p in figures], "rows": len(rows)}

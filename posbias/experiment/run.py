@@ -409,6 +409,9 @@ def _record(run: Run, conn, results: dict, summary: dict, info: dict | None = No
                          [(run.name, *row) for row in results["segments"]])
         conn.executemany("INSERT OR REPLACE INTO curves VALUES (?, ?, ?, ?)",
                          [(run.name, *row) for row in results["curves"]])
+        conn.execute("DELETE FROM copy_scores WHERE run = ?", (run.name,))
+        conn.executemany("INSERT INTO copy_scores VALUES (?, ?, ?)",
+                         [(run.name, es, data) for es, data in (results.get("copies") or {}).items()])
         conn.execute("UPDATE runs SET status='finished', finished=?, wall_seconds=?, train_seconds=?, "
                      "metrics_json=?, versions_json=? WHERE name=?",
                      ((info or {}).get("finished") or now_iso(), wall_seconds, summary.get("train_seconds"),

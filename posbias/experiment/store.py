@@ -59,7 +59,15 @@ CREATE TABLE IF NOT EXISTS question_scores (
 CREATE TABLE IF NOT EXISTS curves (
     run TEXT, kind TEXT, step INTEGER, value REAL, PRIMARY KEY (run, kind, step)
 );
+-- Tagging's duplicated-test-set evaluation of a run, per eval set: every (k, α) cell's per-sentence
+-- counts and where each copy sits (a compressed NumPy archive of integer arrays, read without pickle:
+-- `posbias.tagging.duplicated.load_copy_scores`), so that F1(α) can be split by sentence.
+CREATE TABLE IF NOT EXISTS copy_scores (
+    run TEXT, eval_set TEXT, data BLOB, PRIMARY KEY (run, eval_set)
+);
 """
+OPTIONAL_TABLES = frozenset({"copy_scores"})
+"""Tables a store recorded before they existed lacks: read as empty; `connect` adds them."""
 
 
 STORE_WAY_OUT = ("move it aside (with its -wal and -shm files) and run `posbias experiment run` again: finished "
@@ -95,7 +103,7 @@ def check_store(conn, db_path, *, new_ok: bool = False) -> None:
         return
     for table in ("runs", *sorted(set(want) - {"runs"})):
         if table not in have:
-            if table != "runs" and new_ok:  # an older store: `connect` adds the tables it lacks
+            if table != "runs" and (new_ok or table in OPTIONAL_TABLES):  # an older store: `connect` adds it
                 continue
             why = f"it has no {table} table" + (f" (its tables: {', '.join(sorted(have)[:5])})" if have else "")
         elif missing := sorted(want[table] - {c[1] for c in conn.execute(f"PRAGMA table_info({table})")}):

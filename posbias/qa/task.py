@@ -27,6 +27,7 @@ class QATask:
     cli_commands = ("train", "evaluate", "predict", "diagnose", "score")
     # Optional capabilities (`posbias.tasks.Task`) QA does not have.
     position_eval_checkpoint = None
+    report_sections = None  # an optional capability (`posbias.tasks.Task`) QA does not have
     position_metrics = None
     report_figures = None
 

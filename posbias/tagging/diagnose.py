@@ -19,7 +19,8 @@ from ..evaluation import opened_for_eval, write_run_meta
 from ..outputs import staged_output
 from ..render import Document, data_label, md_escape, plot_text, pyplot, short_name
 from ..utils import atomic_write_json
-from .duplicated import MODES, length_subset, position_eval, sentence_counts
+from .duplicated import (COPY_LAYOUT, COPY_SCORES, MODES, length_subset, position_eval, save_copy_scores,
+                         sentence_counts)
 from .evaluate import align_labels
 from .features import learns_word_labels
 from .inputs import length_pool, read_for
@@ -284,6 +285,9 @@ def write_report(result: dict, out: Path, title: str, data_plots: list[tuple[str
     per-sentence counts are used for the intervals and taken out of it (they are not JSON)."""
     out.mkdir(parents=True, exist_ok=True)
     counts = sentence_counts(result)
+    layout = result.pop(COPY_LAYOUT, None)
+    if counts:  # every cell's per-sentence counts, for analyses by sentence (an experiment's store keeps them)
+        save_copy_scores(out / COPY_SCORES, counts, layout)
     result["position_bias"] = bias = position_verdict(result, counts, min_size=min_size, samples=samples, floor=floor)
     name = f"{short_name(result.get('model', ''))} on {short_name(result.get('data_name', result['data']))}"
     plots = [("F1(α), Prec(α), Rec(α) and consistency (Fig. 7)",

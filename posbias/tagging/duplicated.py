@@ -29,8 +29,10 @@ b rows of a batch, s the longest row of a batch, c labels.
 """
 from __future__ import annotations
 
+import io
 import time
 import warnings
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +53,10 @@ MODES = ("duplicate", "shift")
 # What a NaN-logits error calls a model given without a path (a Trainer's, through `posbias.hf`).
 MODEL_NAME = "the model being evaluated"
 SENTENCE_COUNTS = "sentence_counts"
+COPY_LAYOUT = "copy_layout"
+COPY_SCORES = "copy_scores.npz"
+"""Every (k, α) cell's per-sentence counts and where each copy sits, written beside a diagnosis
+(`save_copy_scores`) and kept in an experiment's store, so that F1(α) can be split by sentence."""
 
 
 def sentence_counts(result: dict) -> dict:
@@ -62,6 +68,58 @@ def sentence_counts(result: dict) -> dict:
         if SENTENCE_COUNTS in part:
             out[mode] = ([(c["k"], c["alpha"]) for c in part["cells"]], part.pop(SENTENCE_COUNTS))
     return out
+
+
+def save_copy_scores(path, counts: dict, layout: dict | None) -> None:
+    """`counts` (`sentence_counts`) and the copies' `layout` as a compressed NumPy archive of integer
+    arrays (no pickled objects): per mode `<mode>/cells` (cells, 2) = (k, α) and `<mode>/<metric>`
+    (cells, n, 2) (numerator, denominator) per sentence, with `body_tokens` (n,), `prefix` and
+    `position_base` to place every copy (`copy_position_span`). Written atomically."""
+    from ..utils import atomic_write_bytes
+
+    arrays = {}
+    for mode, (cells, metrics) in counts.items():
+        arrays[f"{mode}/cells"] = np.asarray(cells, dtype=np.int32).reshape(-1, 2)
+        for metric, a in metrics.items():
+            if metric != "f1":  # f1's counts follow from precision's and recall's
+                arrays[f"{mode}/{metric}"] = np.asarray(a, dtype=np.int32)
+    if layout is not None:
+        arrays["body_tokens"] = np.asarray(layout["body_tokens"], dtype=np.int32)
+        arrays["prefix"] = np.asarray([layout["prefix"]], dtype=np.int32)
+        arrays["position_base"] = np.asarray([layout["position_base"]], dtype=np.int32)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_copy_scores(data: bytes, where: str) -> dict:
+    """A `save_copy_scores` archive read back (integer arrays only: `allow_pickle=False`): {"modes":
+    mode -> {"cells": (cells, 2), metric -> (cells, n, 2)}, "body_tokens", "prefix", "position_base"};
+    NER's f1 counts rebuilt from precision's and recall's. Damaged bytes: one line naming `where`."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as e:
+        raise ConfigError(f"{where}: the per-copy scores are damaged ({' '.join(str(e).split())[:120]})") from None
+    out = {"modes": {}}
+    for key, a in arrays.items():
+        if "/" in key:
+            mode, metric = key.split("/", 1)
+            out["modes"].setdefault(mode, {})[metric] = a
+        else:
+            out[key] = a if key == "body_tokens" else int(a.reshape(-1)[0])
+    for part in out["modes"].values():
+        if "precision" in part and "recall" in part:  # f1 = 2tp / (n_pred + n_gold)
+            tp, n_pred, n_gold = part["precision"][..., 0], part["precision"][..., 1], part["recall"][..., 1]
+            part["f1"] = np.stack([2 * tp, n_pred + n_gold], -1)
+    return out
+
+
+def copy_position_span(alpha: int, body_tokens: np.ndarray, prefix: int, position_base: int = 0) -> np.ndarray:
+    """(n, 2) the first and last position id of copy α of each sentence in its D*_test(k) input (duplicate
+    mode; the same for every k >= α): copy α starts (α - 1)(L + 1) slots after the prefix."""
+    first = position_base + prefix + (alpha - 1) * (np.asarray(body_tokens) + 1)
+    return np.stack([first, first + np.asarray(body_tokens) - 1], -1)
 
 
 def length_subset(examples: list[TaggingExample], quantiles: tuple[float, float] | None = (0.25, 0.75), *,
@@ -339,6 +397,9 @@ def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
             if keep_counts:  # metric -> (cells, n, 2) per-sentence counts (`analysis.verdict.alpha_axis`)
                 result[mode][SENTENCE_COUNTS] = {k: np.stack([c[k] for c in scorer.counts_of_cells])
                                                  for k in scorer.counts_of_cells[0]}
+                result[COPY_LAYOUT] = {"body_tokens": np.array([len(b) for b in inputs.bodies], dtype=np.int32),
+                                       "prefix": len(inputs.prefix),
+                                       "position_base": int(getattr(net, "position_base", 0) or 0)}
     finally:
         net.train(was_training)
     seconds = time.perf_counter() - t0

@@ -26,6 +26,13 @@ class TaggingTask:
     cli_commands = ("train", "evaluate", "predict", "diagnose", "score")
     improvement_rows = None  # an optional capability (`posbias.tasks.Task`) tagging does not have
 
+    def report_sections(self, results: dict) -> list:
+        """F1(α) on the position ids each run trained and on the others (`posbias.tagging.copies`)."""
+        from .copies import copy_section  # loads NumPy's analysis helpers only
+
+        section = copy_section(results)
+        return [section] if section else []
+
     def add_cli_arguments(self, command: str, parser) -> None:
         """`posbias COMMAND tagging`'s own arguments (the CLI adds the shared ones: `posbias.cli`)."""
         getattr(self, f"_{command}_arguments")(parser)

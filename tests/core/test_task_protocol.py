@@ -16,7 +16,8 @@ PACKAGE = Path(posbias.__file__).parent
 @pytest.mark.parametrize("task", tasks.all_tasks(), ids=lambda t: t.name)
 def test_every_registered_task_has_every_member_of_the_protocol(task):
     assert tasks.missing_members(task) == [] and isinstance(task, tasks.Task)
-    for optional in ("position_eval_checkpoint", "position_metrics", "report_figures", "improvement_rows"):
+    for optional in ("position_eval_checkpoint", "position_metrics", "report_figures", "improvement_rows",
+                     "report_sections"):
         value = getattr(task, optional)
         assert value is None or callable(value)
 

@@ -448,7 +448,25 @@ def test_position_eval_experiment_runs_and_reports(tmp_path):
     assert all("ttest" in r and "bootstrap" not in r for r in pos if r["method"] != "baseline")
     out = posbias.experiment_report(tmp_path / "exp", bootstrap_samples=100)
     assert any(p.endswith("position_eval_test.png") for p in out["plots"])
-    assert "| test D\\*(k) | accuracy(4) | cp |" in (tmp_path / "exp" / "report.md").read_text(encoding="utf-8")
+    md = (tmp_path / "exp" / "report.md").read_text(encoding="utf-8")
+    assert "| test D\\*(k) | accuracy(4) | cp |" in md
+    # every run's per-copy, per-sentence counts are in the store, and rebuild its stored accuracy(α)
+    from posbias.tagging.duplicated import load_copy_scores
+
+    assert {(c["run"], c["eval_set"]) for c in results["copies"]} == {(r["name"], "test D*(k)") for r in results["runs"]}
+    copies = load_copy_scores(next(c["data"] for c in results["copies"] if c["run"] == "rpp/seed1"), "rpp/seed1")
+    part = copies["modes"]["duplicate"]
+    cells = [tuple(c) for c in part["cells"]]
+    assert len(cells) == 4 * 5 // 2 and part["accuracy"].shape[1] == len(copies["body_tokens"])
+    for alpha in range(1, 5):  # accuracy(α): the mean over k >= α of each cell's corpus accuracy
+        per_k = [part["accuracy"][cells.index((k, alpha))].sum(0) for k in range(alpha, 5)]
+        assert np.isclose(np.mean([100 * a / b for a, b in per_k]), m["accuracy_by_alpha"][alpha - 1])
+    # the report splits each method's accuracy(α) by the ids its runs trained
+    assert "## F1(α) on trained and untrained position ids" in md
+    split = json.loads((tmp_path / "exp" / "report.json").read_text(encoding="utf-8"))["sections"][
+        "F1(α) on trained and untrained position ids"]
+    assert {r["method"] for r in split} == {"rpp", "cp"} and {r["alpha"] for r in split} == {1, 2, 3, 4}
+    assert all(0 <= r["trained_share"] <= 100 and r["seeds"] == 2 for r in split)
 
 
 @pytest.mark.parametrize("change, message", [

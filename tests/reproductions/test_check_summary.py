@@ -210,3 +210,29 @@ def test_holm_runs_over_each_papers_primary_tests():
         # Holm: the smallest p times the family size (capped at 1)
         smallest = min(family, key=lambda t: t["p"])
         assert smallest["p_holm"] == pytest.approx(min(1.0, ps[0] * len(family)))
+
+
+def test_a_result_in_a_regime_or_an_about_text_fails_a_count_does_not():
+    summary = copy.deepcopy(SUMMARY)
+    row = next(r for r in summary["rows"] if r["claim"] == "MaP_F > InD")
+    row["regime"] = row["regime"] + " Baseline F1 61.23 on 2,000 dev questions."
+    problems = cs.check(summary)
+    assert any("'MaP_F > InD': 61.23 (the regime" in p for p in problems), problems
+    assert not any("InD': 2,000 (" in p for p in problems)  # a count before its unit names the regime
+    summary = copy.deepcopy(SUMMARY)
+    summary["papers"]["map"]["about"] += " It gains 1.07 F1."
+    assert any("'map': its about text prints '1.07'" in p for p in cs.check(summary))
+    assert [m.group(0) for m in cs.printed_numbers("8,000 SQuAD training questions, 19.63 F1", regime=True)] == ["19.63"]
+    assert [m.group(0) for m in cs.printed_numbers("score 42.50 on dense questions")] == ["42.50"]
+
+
+@pytest.mark.parametrize("field, text", [("regime", "measured on 2026-11-28"), ("rerun", "--data ../shared/data/x.json"),
+                                          ("rerun", "--out /tmp/before"), ("regime", "the next session's queue")])
+def test_lab_notebook_text_in_a_rendered_field_fails(field, text):
+    summary = copy.deepcopy(SUMMARY)
+    row = next(r for r in summary["rows"] if r["claim"] == "MaP_F > InD")
+    if field == "rerun":
+        row["rerun"] = list(row["rerun"]) + [text]
+    else:
+        row[field] = row[field] + " " + text
+    assert any("reads like a lab notebook" in p for p in cs.check(summary))

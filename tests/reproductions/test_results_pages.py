@@ -1,5 +1,5 @@
 """reproductions/results_pages.py: the site's Results pages, generated from reproductions/summary.yaml,
-the archived stores and each paper's DETAILS.md."""
+the archived stores and the which-method script (the hand-written notes are not rendered)."""
 from __future__ import annotations
 
 import importlib.util
@@ -77,15 +77,20 @@ def test_the_experiment_tables_read_runs_and_seeds_from_the_stores(pages):
     assert rp.store_facts("tpb_conll_dstar")["kind"] == "report only"  # archived as report.md only
 
 
-def test_details_are_appended_one_heading_level_down(pages):
-    page = pages["results/random-padding.md"]
-    details = (ROOT / "reproductions" / "random_padding" / "DETAILS.md").read_text(encoding="utf-8")
-    assert "\n## Details\n" in page
-    first = next(line for line in details.splitlines() if line.startswith("## "))
-    assert "\n#" + first + "\n" in page
-    assert "# Random Padding: details" not in page  # the file's own title is dropped
+def test_the_hand_written_notes_are_not_rendered(pages):
+    """Each paper's measurement notes stay in the repository (reproductions/<paper>/NOTES.md); a Results page
+    renders only what summary.yaml, the stores and the which-method script give, and no lab-notebook text."""
     for key in PAPERS:
-        assert "\n## Details\n" in pages[f"results/{key}.md"], key
+        folder = ROOT / "reproductions" / rp.FOLDERS.get(key, key.replace("-", "_"))
+        assert not (folder / "DETAILS.md").exists(), key
+        page = pages[f"results/{key}.md"]
+        assert "\n## Details\n" not in page, key
+        notes = folder / "NOTES.md"
+        if notes.exists():
+            first = next((line for line in notes.read_text(encoding="utf-8").splitlines() if line.startswith("## ")), None)
+            assert first is None or first[3:] not in page, key
+    for name, text in pages.items():
+        assert not cs.NOTEBOOK.search(text), (name, cs.NOTEBOOK.search(text).group(0))
 
 
 def test_out_writes_the_pages(tmp_path):
@@ -106,7 +111,7 @@ def _prose_lines(text: str):
 def test_results_text_has_no_issue_numbers_and_no_overlong_prose_lines(pages):
     texts = dict(pages)
     texts["docs/results/performance.md"] = (ROOT / "docs" / "results" / "performance.md").read_text(encoding="utf-8")
-    for path in (ROOT / "reproductions").glob("*/DETAILS.md"):
+    for path in (ROOT / "reproductions").glob("*/NOTES.md"):
         texts[str(path.relative_to(ROOT))] = path.read_text(encoding="utf-8")
     for name, text in texts.items():
         assert not re.search(r"\b[Ii]ssues? \d", text), name

@@ -274,3 +274,46 @@ def test_the_verdict_needs_enough_sentences(wordpiece):
     assert bias["evidence"] == "too few" and "fewer than 30 sentences" in bias["sentence"]
     _, _, bias = _verdict(PositionOracle(wordpiece, cutoff=13), wordpiece, n=12, min_size=10)
     assert bias["evidence"] == "yes"
+
+
+def test_copy_scores_round_trip_with_f1_rebuilt_and_spans_placed(tmp_path):
+    from posbias.tagging.duplicated import copy_position_span, load_copy_scores, save_copy_scores
+
+    rng = np.random.default_rng(0)
+    tp = rng.integers(0, 3, (3, 5))
+    n_pred, n_gold = tp + rng.integers(0, 2, (3, 5)), tp + rng.integers(0, 2, (3, 5))
+    counts = {"duplicate": ([(1, 1), (2, 1), (2, 2)],
+                            {"f1": np.stack([2 * tp, n_pred + n_gold], -1), "precision": np.stack([tp, n_pred], -1),
+                             "recall": np.stack([tp, n_gold], -1)})}
+    save_copy_scores(tmp_path / "c.npz", counts, {"body_tokens": np.array([4, 6, 2, 3, 5]), "prefix": 1,
+                                                  "position_base": 2})
+    back = load_copy_scores((tmp_path / "c.npz").read_bytes(), "c.npz")
+    assert back["prefix"] == 1 and back["position_base"] == 2
+    assert np.array_equal(back["modes"]["duplicate"]["f1"], counts["duplicate"][1]["f1"])
+    assert back["modes"]["duplicate"]["cells"].tolist() == [[1, 1], [2, 1], [2, 2]]
+    # copy 2 of a 4-token sentence after [CLS]: slots 1..4 hold copy 1, 5 the separator, 6..9 copy 2 (+ base 2)
+    assert copy_position_span(2, np.array([4]), prefix=1, position_base=2).tolist() == [[8, 11]]
+    with pytest.raises(ConfigError, match="c.npz: the per-copy scores are damaged"):
+        load_copy_scores(b"not an archive", "c.npz")
+
+
+def test_a_pickled_object_in_copy_scores_is_refused(tmp_path):
+    import io
+
+    from posbias.tagging.duplicated import load_copy_scores
+
+    buf = io.BytesIO()
+    np.savez(buf, evil=np.array([object()], dtype=object))
+    with pytest.raises(ConfigError, match="damaged"):
+        load_copy_scores(buf.getvalue(), "evil.npz")
+
+
+def test_a_copy_on_trained_ids_is_one_whose_every_id_got_a_gradient():
+    from posbias.tagging.copies import on_trained, trained_mask
+
+    curves = [{"run": "r", "kind": "position_updates", "step": i, "value": v}
+              for i, v in enumerate([0.5, 0.1, 0.0, 0.2, 0.3, 0.0])]
+    mask = trained_mask(curves, "r")
+    assert mask.tolist() == [True, True, False, True, True, False] and trained_mask(curves, "other") is None
+    spans = np.array([[0, 1], [1, 2], [3, 4], [4, 5], [4, 9]])
+    assert on_trained(spans, mask).tolist() == [True, False, True, False, False]
