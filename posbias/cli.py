@@ -61,10 +61,11 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (the CLI reference in the docs is generated from it)."""
+    diagnoses = " and ".join(d.cli_help.split(" (")[0] for d in _registered(DIAGNOSES))
     ap = Parser(prog="posbias", description=(
-        "Train, evaluate and diagnose extractive QA and token-classification (NER, POS) models with "
-        "respect to position bias. Configs are YAML files or bundled preset names (demo, tiny, ...) with "
-        "key.sub=value overrides."))
+        "Train, evaluate and diagnose models for position bias: extractive QA and token-classification "
+        f"(NER, POS) models it trains, and {diagnoses} it diagnoses as they are. Configs are YAML files or "
+        "bundled preset names (demo, tiny, ...) with key.sub=value overrides."))
     ap.add_argument("--version", action="version", version=f"posbias {__version__}",
                     help="print the version of posbias and exit")
     ap.add_argument("-q", "--quiet", action="store_true",

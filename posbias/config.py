@@ -25,6 +25,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 RESOURCES = PACKAGE_DIR / "resources"
 PRESETS = PACKAGE_DIR / "configs"
 
+DEFAULT_TASK = "qa"
+"""The task of a config (or a recorded run) that names none: configs written before tagging existed."""
+
 
 @dataclass
 class ModelConfig:
@@ -311,7 +314,7 @@ def build_config(d: dict | None = None, overrides: list[str] | dict | None = Non
     data files and the output folder of a run about to train (`check_run_paths`) once the keys and
     values are known good, before the sections are built (which loads a task's model code)."""
     d = dict(d or {})
-    task = d.get("task", "qa")
+    task = d.get("task", DEFAULT_TASK)
     if not isinstance(task, str):
         raise ConfigError(f"task must be a string, got {task!r}")
     d = compat.migrate(d, task=task, saved=saved, source=source)
@@ -322,7 +325,7 @@ def build_config(d: dict | None = None, overrides: list[str] | dict | None = Non
             raise ConfigError(f"override {compat.VERSION_KEY}: not a setting (the version of the config "
                               "file it is written in)")
         d = deep_merge(d, current_names(extra, extra.get("task", task), "override "))
-    task = d.get("task", "qa")
+    task = d.get("task", DEFAULT_TASK)
     if not isinstance(task, str):
         raise ConfigError(f"task must be a string, got {task!r}")
     cls = TASKS.get(task, "task").config_class

@@ -64,6 +64,7 @@ from .perturb.context_concat import concatenate_contexts
 from .perturb.position_shift import (sample_random_padding, sample_randomized_positions, sample_rpp, shift_effect,
                                      shift_position_ids)
 from .precision import VALUES, autocast, resolve_precision
+from .tagging.config import POSITION_BATCH_TOKENS
 from .tagging.duplicated import position_eval, summary
 from .tagging.evaluate import align_labels
 from .tagging.model import tagger_view
@@ -551,7 +552,7 @@ class PositionBiasCallback(_callback_base()):
     """
 
     def __init__(self, data, tokenizer, *, labels: list[str] | None = None, k_max: int = 10,
-                 quantiles=(0.25, 0.75), alphas=(1, 5, 10), batch_tokens: int = 16_384,
+                 quantiles=(0.25, 0.75), alphas=(1, 5, 10), batch_tokens: int = POSITION_BATCH_TOKENS,
                  metric_key_prefix: str = "eval", label_map: dict | None = None, precision: str = "trainer",
                  length_pool=None):
         if precision != "trainer" and precision not in VALUES:

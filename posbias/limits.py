@@ -37,11 +37,23 @@ def mib(n: int) -> str:
     return f"{n / MIB:,.0f} MiB" if n >= MIB else f"{n:,} bytes"
 
 
+def memory_bytes() -> int | None:
+    """The machine's physical memory (bytes), or None where it cannot be read."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def data_limit() -> int:
-    """The largest data file (after gunzipping) posbias reads: `POSBIAS_MAX_FILE_BYTES`, else 4 GiB."""
+    """The largest data file (after gunzipping) posbias reads: `POSBIAS_MAX_FILE_BYTES`, else 4 GiB or a
+    quarter of the machine's memory, whichever is smaller. A stream (a pipe, a FIFO) has no size to check
+    first, so it is read into memory up to the bound, and parsing needs about as much again: the default
+    keeps that well inside the machine."""
     raw = os.environ.get(DATA_LIMIT_ENV, "").strip()
     if not raw:
-        return DEFAULT_DATA_LIMIT
+        memory = memory_bytes()
+        return min(DEFAULT_DATA_LIMIT, memory // 4) if memory else DEFAULT_DATA_LIMIT
     try:
         value = int(raw)
     except ValueError:

@@ -65,7 +65,6 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -74,6 +73,7 @@ from posbias.experiment.aggregation import aggregate, load_results  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "reproductions"))
 import primary as primary_module  # noqa: E402
+import summary_file  # noqa: E402
 
 STATS = ("mean", "std", "delta", "p", "p_holm", "ci_low", "ci_high")
 
@@ -415,8 +415,12 @@ def main(argv=None) -> int:
     ap.add_argument("--summary", default=str(ROOT / "reproductions" / "summary.yaml"))
     ap.add_argument("--page", help="also check that every row of this Markdown page's summary table is in summary.yaml")
     args = ap.parse_args(argv)
-    summary = yaml.safe_load(Path(args.summary).read_text(encoding="utf-8"))
-    page = Path(args.page).read_text(encoding="utf-8") if args.page else None
+    try:
+        summary = summary_file.load_summary(args.summary)
+        page = summary_file.read_page(args.page) if args.page else None
+    except summary_file.InputError as e:
+        print(f"check_summary: {e}", file=sys.stderr)
+        return 2
     problems = check(summary, page)
     for p in problems:
         print(p)

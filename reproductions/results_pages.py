@@ -19,11 +19,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "reproductions"))
 import primary as primary_module  # noqa: E402
+import summary_file  # noqa: E402
 SUMMARY = ROOT / "reproductions" / "summary.yaml"
 EXPERIMENTS = ROOT / "docs" / "experiments"
 
@@ -34,7 +34,8 @@ FOLDERS = {"random-padding": "random_padding", "map": "map", "token-positional-b
 
 
 def load_summary(path: Path = SUMMARY) -> dict:
-    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    """summary.yaml read bounded and checked for shape (`summary_file.load_summary`)."""
+    return summary_file.load_summary(path)
 
 
 def slug(text: str) -> str:
@@ -300,7 +301,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="folder to write results/<page>.md into")
     ap.add_argument("--summary", default=str(SUMMARY))
     args = ap.parse_args(argv)
-    for rel, text in pages(load_summary(Path(args.summary))).items():
+    try:
+        summary = load_summary(Path(args.summary))
+    except summary_file.InputError as e:
+        print(f"results_pages: {e}", file=sys.stderr)
+        return 2
+    for rel, text in pages(summary).items():
         target = Path(args.out) / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")

@@ -20,13 +20,15 @@ import sys
 import textwrap
 from pathlib import Path
 
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from posbias.analysis.stats import holm, paired_ttest  # noqa: E402
 from posbias.experiment.aggregation import aggregate, load_results, metric_value  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "reproductions"))
+import summary_file  # noqa: E402
 
 TASKS = Path("reproductions") / "which_method.yaml"
 EXPERIMENTS = Path("docs") / "experiments"
@@ -300,7 +302,7 @@ def page(root: Path = ROOT, spec: dict | None = None, *, results_dir: str = "") 
     stores are read from `root`/docs/experiments/. `results_dir`: prefix of the Results-page links."""
     root = Path(root)
     if spec is None:
-        spec = yaml.safe_load((root / TASKS).read_text(encoding="utf-8"))
+        spec = summary_file.load_tasks(root / TASKS)
     words = "\n".join(f"- `{w}`: {d}." for w, d in WORDS.items())
     out = [INTRO.format(words=words)]
     for task in spec["tasks"]:
@@ -320,7 +322,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", help="the tasks file (default: reproductions/which_method.yaml)")
     args = ap.parse_args(argv)
     try:
-        spec = yaml.safe_load(Path(args.tasks).read_text(encoding="utf-8")) if args.tasks else None
+        spec = summary_file.load_tasks(args.tasks) if args.tasks else None
+    except summary_file.InputError as e:
+        print(f"which_method: {e}", file=sys.stderr)
+        return 2
+    try:
         text = page(ROOT, spec)
     except (OSError, LookupError, ValueError) as e:
         print(f"which_method: {e}", file=sys.stderr)

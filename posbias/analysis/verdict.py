@@ -43,6 +43,18 @@ EVIDENCE = ("yes", "no", "reversed", "too few")
 
 
 # ------------------------------------------------------------------------------------------- buckets
+def check_verdict_options(bootstrap_samples, min_bucket, quality_floor) -> None:
+    """The verdict's options every diagnosis takes, refused in one line when out of range."""
+    from ..errors import ConfigError
+
+    if isinstance(bootstrap_samples, bool) or not isinstance(bootstrap_samples, int) or bootstrap_samples < 0:
+        raise ConfigError(f"diagnose: bootstrap_samples must be an integer >= 0, got {bootstrap_samples!r}")
+    if isinstance(min_bucket, bool) or not isinstance(min_bucket, int) or min_bucket < 1:
+        raise ConfigError(f"diagnose: min_bucket must be a positive integer, got {min_bucket!r}")
+    if isinstance(quality_floor, bool) or not isinstance(quality_floor, (int, float)) or not 0 <= quality_floor <= 100:
+        raise ConfigError(f"diagnose: quality_floor must be a number of points in 0..100, got {quality_floor!r}")
+
+
 def psi(means: Sequence[float]) -> float:
     """Position sensitivity index 1 − min/max (Zeng et al. 2025); 0 when the best bucket scores 0."""
     x = np.asarray(means, dtype=np.float64)

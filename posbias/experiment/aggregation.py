@@ -16,7 +16,7 @@ import numpy as np
 
 from ..analysis.stats import holm, mean_std, paired_bootstrap, paired_bootstrap_ratio, paired_ttest
 from .. import compat
-from ..config import build_config, load_yaml
+from ..config import DEFAULT_TASK, build_config, load_yaml
 from ..errors import ConfigError
 from ..registry import SEGMENTERS
 from .spec import _segment_spec
@@ -43,6 +43,7 @@ def load_results(exp_dir, *, only: list[str] | None = None, baseline: str | None
                   if "copy_scores" in tables else [])
     for r in runs:
         r["metrics"] = _stored_metrics(r, db)
+        _check_config(r, db)
     if only:
         runs = [r for r in runs if any(fnmatchcase(r["name"], p) for p in only)]
         if not runs:
@@ -59,6 +60,20 @@ def load_results(exp_dir, *, only: list[str] | None = None, baseline: str | None
                           + (f" matching --only {' '.join(only)}" if only else "") + f" (methods: {', '.join(methods)})")
     return {"name": spec.get("name", Path(exp_dir).name), "spec": spec, "runs": runs, "segments": segments,
             "curves": curves, "questions": questions, "copies": copies, "methods": methods, "baseline": baseline}
+
+
+def _check_config(run: dict, db: Path) -> None:
+    """A run's `config_json` must be a JSON object (the report and the analyses read its task and data keys):
+    else one line naming the store and the run."""
+    try:
+        config = json.loads(run["config_json"]) if run["config_json"] else {}
+    except (ValueError, RecursionError, TypeError) as e:
+        why = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ConfigError(f"{db}: run {run['name']!r}: its config_json is not valid JSON ({why}); the store was "
+                          "edited or damaged") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{db}: run {run['name']!r}: its config_json is not a JSON object; the store was edited "
+                          "or damaged")
 
 
 def _stored_metrics(run: dict, db: Path) -> dict:
@@ -196,7 +211,7 @@ def _eval_examples(results: dict, run: dict, eval_set: str):
     spec = cfg["data"]["eval_file"] if eval_set == "val" else (results["spec"].get("eval_sets") or {}).get(eval_set)
     if spec is None:
         return None
-    ds = get_task(cfg.get("task", "qa")).read(spec, build_config(cfg, saved=True))
+    ds = get_task(cfg.get("task", DEFAULT_TASK)).read(spec, build_config(cfg, saved=True))
     if eval_set == "val" and cfg["data"].get("max_eval_examples"):
         ds.examples = ds.examples[: cfg["data"]["max_eval_examples"]]
     return ds.examples
@@ -216,7 +231,7 @@ def gold_segment_labels(results: dict) -> dict:
     for run in (r for r in results["runs"] if r["status"] == "finished"):
         # The recorded config as today's keys (`data.stride` was `data.doc_stride` before version 2).
         cfg = json.loads(run["config_json"])
-        cfg = compat.migrate(cfg, task=cfg.get("task", "qa"), saved=True)
+        cfg = compat.migrate(cfg, task=cfg.get("task", DEFAULT_TASK), saved=True)
         d = cfg["data"]
         setting = json.dumps([cfg["model"]["name_or_path"], cfg["model"].get("tokenizer"), d["max_seq_len"],
                               d["stride"], d["max_query_len"], d.get("context_first")])

@@ -15,6 +15,7 @@ from ..analysis.report import (GAP_NOTE, NO_BIAS, _mean_sd, _no_std, _scope, bia
                                plot_updates, segment_table)
 from ..outputs import claim_folder, no_link
 from ..render import Document, fmt, md_escape
+from ..config import DEFAULT_TASK
 from ..tasks import get_task
 from ..utils import atomic_write_json
 from .aggregation import aggregate, aggregate_segments, load_results
@@ -32,7 +33,7 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     bias_rows = experiment_rows(results)
     # Task-specific analyses (QA: corrections vs boundaries, Random Padding paper §6.2).
     improvements, sections = [], []
-    for name in sorted({json.loads(run["config_json"]).get("task", "qa") for run in results["runs"]}):
+    for name in sorted({json.loads(run["config_json"]).get("task", DEFAULT_TASK) for run in results["runs"]}):
         analyse = get_task(name).improvement_rows  # an optional capability: None where the task has none
         improvements += analyse(results) if analyse is not None else []
         more = getattr(get_task(name), "report_sections", None)  # optional too (a plug-in may lack it)
@@ -48,7 +49,7 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
     figures.append(("Learning curves", plot_curves(results, plots / "learning_curves.png")))
     figures += [(p.stem.replace("_", " "), p) for p in plot_segments(seg_rows, results["methods"], plots)]
     figures.append(("Position-embedding updates", plot_updates(results, plots / "position_updates.png")))
-    for name in sorted({json.loads(run["config_json"]).get("task", "qa") for run in results["runs"]}):
+    for name in sorted({json.loads(run["config_json"]).get("task", DEFAULT_TASK) for run in results["runs"]}):
         draw = get_task(name).report_figures  # an optional capability: None where the task has none
         figures += draw(results, plots) if draw is not None else []
     figures = [(t, p) for t, p in figures if p is not None]

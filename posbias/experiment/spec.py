@@ -44,7 +44,7 @@ from pathlib import Path
 from string import Formatter
 
 from .. import outputs
-from ..config import RunConfig, build_config, current_names, deep_merge, load_yaml, parse_overrides, preset_path
+from ..config import DEFAULT_TASK, RunConfig, build_config, current_names, deep_merge, load_yaml, parse_overrides, preset_path
 from ..errors import ConfigError, did_you_mean
 from ..registry import SEGMENTERS
 
@@ -175,7 +175,7 @@ def load_experiment(spec, output_dir: str | None = None) -> Experiment:
         raise ConfigError(f"experiment spec: base must be a preset, a path or a mapping, got {base!r}")
     # Each part's old key names (`data.doc_stride`) are read as today's before the parts are merged,
     # so that a later part's old name overrides an earlier one's new name (`config.current_names`).
-    task, where = base.get("task", "qa"), f"{spec_path}: " if spec_path else ""
+    task, where = base.get("task", DEFAULT_TASK), f"{spec_path}: " if spec_path else ""
     base = deep_merge(current_names(base, task, f"{where}base: "),
                       current_names(_as_overrides(spec.get("overrides"), "overrides"), task, f"{where}overrides."))
     out = Path(output_dir or spec.get("output_dir") or f"runs/experiments/{spec['name']}")

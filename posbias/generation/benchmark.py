@@ -35,8 +35,7 @@ from typing import NamedTuple, TypeVar
 
 from ..errors import ConfigError
 from ..qa.metrics import normalize_answer
-from ..retrieval.benchmark import answerable
-from ..retrieval.bm25 import tokenize
+from ..diagnoses import answerable, tokenize
 
 T = TypeVar("T")
 

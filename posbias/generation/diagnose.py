@@ -34,10 +34,10 @@ from ..interrupt import stop_on_signals
 from ..outputs import staged_output
 from ..qa.readers import read_dataset
 from ..render import Document, data_label, fmt, md_escape, pyplot
-from ..retrieval.benchmark import answerable
+from ..diagnoses import answerable
 from ..utils import atomic_write_json, check_ranges, now_iso, versions
 from . import benchmark as B
-from .analysis import mean_interval, paired_difference, position_verdict, sentence, u_text
+from .paired import mean_interval, paired_difference, position_verdict, sentence, u_text
 from .cache import ScoreCache, item_key
 from .backend import BACKENDS, SLOT_SLACK, check_backend_options, open_model
 from .endpoint import PartialScores
@@ -102,6 +102,7 @@ class Scorer:
         """Each item's score (loglik: mean log-probability; generation: the answer's first line)."""
         cache = self.caches[kind]
         extra = self.max_new_tokens if kind == "generation" else None
+        check_fits(items, int(self.lm.context_length), self.lm.source, extra)
         keys = [item_key(kind, condition, e.prompt, e.answer if kind == "loglik" else extra) for e in items]
         todo: dict[str, Encoded] = {}
         for k, e in zip(keys, items):
@@ -301,6 +302,7 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
     if not usable:
         raise ConfigError(f"{ds.path}: no answerable question (diagnose generation needs questions with answers)")
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
+    _check_apart(cache_dir, Path(output_dir))
     slot = (max_prompt_tokens or 4096) + max(max_new_tokens, ROOM) + SLOT_SLACK
     with stop_on_signals(), open_model(model, endpoint=endpoint, backend=backend, needs_weights="mspoe" in mitigations,
                                        api_key_env=api_key_env, tokenizer=tokenizer, concurrency=concurrency,
@@ -318,6 +320,39 @@ def diagnose(model, data, output_dir, *, k: int = 5, scorings=("loglik",), mitig
                               floor=quality_floor, progress=progress, t0=t0)
 
 
+def _check_apart(cache_dir: Path, output_dir: Path) -> None:
+    """Refuse a cache inside the output folder (or the other way round): the output folder is replaced
+    whole when the diagnosis is written, which would delete the scores it kept."""
+    cache, out = cache_dir.expanduser().resolve(), output_dir.expanduser().resolve()
+    if cache == out or out in cache.parents or cache in out.parents:
+        raise ConfigError(f"--cache-dir {cache_dir} and --output-dir {output_dir} overlap: the output folder is "
+                          "replaced when the report is written, and the scores kept in the cache would go with it; "
+                          "give them separate folders")
+
+
+def _check_context(lm, scorings, max_prompt_tokens, max_new_tokens) -> None:
+    """The prompt budget and the generated answer must fit the model's context (one line, before any scoring)."""
+    ctx = int(lm.context_length)
+    if max_prompt_tokens is not None and max_prompt_tokens > ctx:
+        raise ConfigError(f"--max-prompt-tokens {max_prompt_tokens} is more than {lm.source}'s context of {ctx} "
+                          "tokens")
+    if "generation" in scorings and max_new_tokens >= ctx:
+        raise ConfigError(f"--max-new-tokens {max_new_tokens} does not fit {lm.source}'s context of {ctx} tokens")
+
+
+def check_fits(encoded, context: int, source: str, extra: int | None = None) -> None:
+    """Every prompt with its answer (log-likelihood) or its `extra` generated tokens (generation) within the
+    model's `context`, else one line naming the longest: a longer input would index past a learned position
+    table (an IndexError deep inside the model) or read positions the model was never trained on."""
+    need = [len(e.prompt) + (len(e.answer) if extra is None else extra) for e in encoded]
+    if need and max(need) > context:
+        i = max(range(len(need)), key=need.__getitem__)
+        what = "its gold answer" if extra is None else f"{extra} new tokens"
+        raise ConfigError(f"a prompt of {len(encoded[i].prompt):,} tokens with {what} needs {need[i]:,} positions; "
+                          f"{source}'s context holds {context:,}: lower --max-prompt-tokens (or --k, "
+                          "--max-new-tokens)")
+
+
 def _open_diagnose(lm, ds, usable, output_dir, cache_dir, *, k, scorings, mitigations, max_questions, max_prompt_tokens,
                    lengths, depths, template, chat, max_new_tokens, batch_size, batch_tokens, seed, mspoe, references,
                    distractors,
@@ -330,10 +365,12 @@ def _open_diagnose(lm, ds, usable, output_dir, cache_dir, *, k, scorings, mitiga
             pass
         mspoe["resolved"] = list(mspoe["layers"])
         mspoe["authors_layers"] = resolve_layers(lm.model, "all")
+    _check_context(lm, scorings, max_prompt_tokens, max_new_tokens)
     use_chat = lm.chat_template if chat == "auto" else chat == "on"
     if use_chat and not lm.chat_template:
         raise ConfigError(f"diagnose generation: --chat on, but {lm.source}'s tokenizer has no chat template")
-    budget = (max_prompt_tokens or min(int(lm.context_length), 4096)) - ROOM
+    room = max_new_tokens if "generation" in scorings else 0  # the generated answer shares the context
+    budget = (max_prompt_tokens or min(int(lm.context_length) - room, 4096)) - ROOM
     ids = None
     if max_questions and max_questions < len(usable):  # a seeded draw over the whole file, kept in file order
         pick = sorted(random.Random(f"questions:{seed}").sample(range(len(usable)), max_questions))

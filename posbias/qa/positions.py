@@ -15,6 +15,7 @@ import numpy as np
 
 from ..analysis.stats import mean_std
 from ..checkpoint import load_checkpoint
+from ..config import DEFAULT_TASK
 from ..registry import SEGMENTERS
 from .examples import QAExample
 from .features import _label_tokens, build_qa_features
@@ -148,7 +149,7 @@ def improvement_rows(results: dict) -> list[dict]:
     """§6.2 per method x eval set: among the questions where the method beats the baseline (paired
     by seed), the share of corrections vs more precise boundaries; mean ± std over seeds."""
     runs = [r for r in results["runs"] if r["status"] == "finished" and
-            json.loads(r["config_json"]).get("task", "qa") == "qa"]
+            json.loads(r["config_json"]).get("task", DEFAULT_TASK) == "qa"]
     base = results["baseline"]
     eval_sets = results["spec"].get("eval_sets") or {}
     gold_cache: dict = {}

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..diagnoses import answerable
 from ..qa.sentences import sentence_spans
 
 CHAR_EDGES = (0, 100, 200, 300, 400, 500)
@@ -61,11 +62,6 @@ def bucket_label(value: float, edges: Sequence[int]) -> str:
         if lo <= value < hi:
             return f"[{lo},{hi})"
     return f"{edges[-1]}+"
-
-
-def answerable(examples) -> list:
-    """The examples a retrieval benchmark can use: a question with at least one located answer."""
-    return [e for e in examples if e.answers and not e.is_impossible and e.question.strip() and e.context.strip()]
 
 
 def from_examples(examples, name: str = "passages") -> RetrievalSet:

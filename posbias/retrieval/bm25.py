@@ -29,20 +29,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..diagnoses import STOP_WORDS, tokenize  # noqa: F401  (re-exported: bm25's tokens)
 from ..errors import ConfigError
 
-STOP_WORDS = frozenset(
-    ["a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these", "they", "this", "to", "was", "will", "with"])
-"""Lucene's English stop words (EnglishAnalyzer's default set; bm25s's `STOPWORDS_EN`)."""
-
-_WORD = re.compile(r"[^\W_]+")  # a run of Unicode letters and digits
-
-
-def tokenize(text: str, stop_words: frozenset[str] | set[str] = STOP_WORDS) -> list[str]:
-    """BM25 tokens of `text`: lowercased runs of letters/digits, without `stop_words`."""
-    return [t for t in _WORD.findall(text.lower()) if t not in stop_words]
-
-
+# The tokens BM25 matches are shared with the generation diagnosis (its relevance orders): `posbias.diagnoses`.
 MISSING = ('diagnose retrieval: the BM25 baseline needs the bm25s package (the `retrieval` extra): '
            'pip install "posbias[retrieval]" (or pip install bm25s), or leave BM25 out with --no-bm25 '
            "(bm25=False in Python)")

@@ -1,10 +1,11 @@
 """`posbias diagnose retrieval`: its place on the command line. Retrieval is a diagnosis, not a
 training task (`posbias.tasks.Task`): an embedding model ranking passages; it is registered in
-`posbias.registry.DIAGNOSES` and adds its whole sub-parser. The CLI passes the parsed options to
-`posbias.api.diagnose(..., task="retrieval")`."""
+`posbias.registry.DIAGNOSES` with its whole sub-parser and its `diagnose`, which
+`posbias.diagnose(..., task="retrieval")` (and so the CLI) calls."""
 from __future__ import annotations
 
 from .. import arguments as cli_args
+from ..diagnoses import run
 from ..registry import DIAGNOSES
 
 
@@ -42,6 +43,45 @@ class RetrievalDiagnosis:
                        help="auto (default): bf16 where the hardware computes it natively, else fp32")
         cli_args.task_options(p, "bm25", "chunks", "chunk_tokens", "paired", "max_length", "batch_size",
                               "max_queries", "cache_dir", "seed", "device", "precision")
+
+
+    def diagnose(self, model, data, output_dir, *, progress: bool = True, bootstrap_samples: int = 2000,
+                 min_bucket: int = 30, quality_floor: float = 20.0, **options) -> dict:
+        """`posbias.diagnose_retrieval`; what `posbias.diagnose(..., task="retrieval")` runs."""
+        return diagnose_retrieval(model, data, output_dir, progress=progress, bootstrap_samples=bootstrap_samples,
+                                  min_bucket=min_bucket, quality_floor=quality_floor, **options)
+
+
+def diagnose_retrieval(model, data, output_dir, *, progress: bool = True, bootstrap_samples: int = 2000,
+                       min_bucket: int = 30, quality_floor: float = 20.0, **options) -> dict:
+    """Position bias of a sentence-embedding model (`posbias diagnose retrieval`; `posbias.retrieval`).
+
+    Every answerable question of the SQuAD-format `data` is ranked against all its passages:
+    NDCG@10, recall@k and MRR by where the answer sits (SQuAD-PosQ's character buckets, and
+    tokens), front − rear and PSI with bootstrap intervals, BM25 and best-chunk (max-sim) scoring
+    beside it, and the paired variant (each paragraph at the start, middle and end of a document).
+
+    Args:
+        model: a sentence-transformers folder, a plain Hugging Face encoder folder (mean pooling),
+            `minilm`, a cached Hub id, or an object with `posbias.retrieval.embed.Embedder`'s members.
+        data: SQuAD JSON or MRQA JSONL with located answers.
+        output_dir: where diagnosis.md, .html, .json, ranks.json and the plots are written.
+        progress: show progress.
+        bootstrap_samples: resamples for the intervals (0: point values only).
+        min_bucket: fewest questions a position bucket needs to stand alone.
+        quality_floor: overall score (points) under which the report warns.
+        **options: device, precision (auto: bf16 where the hardware has it), max_length,
+            batch_size, bm25, chunks, chunk_tokens, paired, seed, max_queries, cache_dir
+            (embeddings reused across runs); see `posbias.retrieval.diagnose.diagnose`.
+
+    Returns:
+        The diagnosis as written to diagnosis.json, with the `verdict_lines` that
+        `posbias diagnose retrieval` prints.
+    """
+    from .diagnose import diagnose as _diagnose  # loads torch: `import posbias` stays light
+
+    return run(_diagnose, model, data, output_dir, progress=progress, bootstrap_samples=bootstrap_samples,
+               min_bucket=min_bucket, quality_floor=quality_floor, **options)
 
 
 DIAGNOSES.register("retrieval")(RetrievalDiagnosis())

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from .. import devices
 from ..config import resolve_path
 from ..encoders import check_weights_file, local_dir, quiet_transformers
+from ..diagnoses import check_cache_dir  # noqa: F401  (re-exported: the embeddings' cache folder)
 from ..errors import ConfigError
 from ..precision import Precision, autocast, resolve_precision
 from ..utils import atomic_write_bytes, interactive
@@ -134,16 +135,6 @@ class Embedder:
             raise ConfigError(f"{self.source}: the model's {role} embeddings are NaN or infinite ({why}); "
                               "posbias does not rank by them")
         return emb
-
-
-def check_cache_dir(cache_dir) -> None:
-    """Refuse a `--cache-dir` that cannot become a folder (an existing file, or a path through one)."""
-    for p in (Path(cache_dir), *Path(cache_dir).parents):
-        if p.exists():
-            if not p.is_dir():
-                raise ConfigError(f"--cache-dir {cache_dir}: {p} is an existing file, not a folder"
-                                  if p == Path(cache_dir) else f"--cache-dir {cache_dir}: {p} is an existing file")
-            return
 
 
 def _read_cache(file: Path, n: int) -> np.ndarray | None:

@@ -7,6 +7,9 @@ from ..compat import marks
 from ..config import DataConfig, ModelConfig, RunConfig, TrainConfig, bounded, choice
 from ..errors import ConfigError, did_you_mean
 
+POSITION_BATCH_TOKENS = 16_384
+"""Padded tokens per forward batch of the duplicated-test-set evaluation by default (a memory bound)."""
+
 
 @dataclass
 class TaggingDataConfig(DataConfig, defaults={"max_seq_len": 256, "stride": 64}):

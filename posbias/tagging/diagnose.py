@@ -19,6 +19,7 @@ from ..evaluation import opened_for_eval, write_run_meta
 from ..outputs import staged_output
 from ..render import Document, data_label, md_escape, plot_text, pyplot, short_name
 from ..utils import atomic_write_json
+from .config import POSITION_BATCH_TOKENS
 from .duplicated import (COPY_LAYOUT, COPY_SCORES, MODES, length_subset, position_eval, save_copy_scores,
                          sentence_counts)
 from .evaluate import align_labels
@@ -376,7 +377,7 @@ def model_quantiles(model) -> tuple[float, float]:
 
 
 def diagnose(model, data, output_dir, *, k_max: int = 10, quantiles="model", modes=MODES,
-             max_len: int | None = None, batch_tokens: int = 16_384, overrides=None, progress: bool = True,
+             max_len: int | None = None, batch_tokens: int = POSITION_BATCH_TOKENS, overrides=None, progress: bool = True,
              bias_samples: int = 2000, min_bucket: int = MIN_BUCKET, quality_floor: float = QUALITY_FLOOR) -> dict:
     """Position-bias diagnosis of a tagging checkpoint on `data` (see the module docstring).
     Returns the `position_eval` result with the verdict (`position_bias`, `verdict_lines`: what

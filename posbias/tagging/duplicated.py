@@ -45,6 +45,7 @@ from ..errors import ConfigError
 from ..perturb.position_shift import shift_effect, shift_position_ids
 from . import metrics as M
 from .columns import scheme_mismatch
+from .config import POSITION_BATCH_TOKENS
 from .examples import TaggingDataset, TaggingExample
 from .features import first_subtokens, separator_id, special_tokens, tokenize_sentences
 from .schemes import convert, to_iob2_prefixes
@@ -302,7 +303,7 @@ def _by_alpha(cells: list[dict], k_max: int, keys: list[str], classes: list[str]
 
 def position_eval(model, tokenizer, dataset: TaggingDataset, *, k_max: int = 10,
                   quantiles: tuple[float, float] | None = (0.25, 0.75), modes=MODES, max_len: int | None = None,
-                  batch_tokens: int = 16_384, progress: bool = True,
+                  batch_tokens: int = POSITION_BATCH_TOKENS, progress: bool = True,
                   length_pool: tuple[np.ndarray, list[str]] | None = None, own_subtokens: bool = False,
                   keep_counts: bool = False, model_name: str = MODEL_NAME) -> dict:
     """F1(α), Prec(α), Rec(α) (POS: accuracy(α)) and the authors' sub-token F1(α) of `model` on

@@ -16,12 +16,15 @@ import torch
 from tqdm.auto import tqdm
 
 from ..batching import eval_batches, move
-from ..errors import ConfigError
+from ..config import resolve_path
+from ..errors import ConfigError, DataError
 from ..evaluation import evaluate_file, opened_for_eval, write_run_meta
+from ..hf_datasets import is_hf_dataset
 from ..outputs import staged_output
 from ..utils import atomic_write_json, atomic_write_text, interactive
 from . import columns, metrics
 from .collate import collate
+from .conll import read_conll, word_rows
 from .examples import TaggingDataset, TaggingExample
 from .features import TaggingFeatures, build_tagging_features, learns_word_labels
 from .inputs import read_for
@@ -290,6 +293,25 @@ def split_words(text: str) -> tuple[list[str], list[tuple[int, int]]]:
     return [text[a:b] for a, b in spans], spans
 
 
+def _read_unlabelled_too(data, cfg):
+    """The sentences to tag: the file as the config reads it, or, when it has only its words (one column of
+    a CoNLL file: predicting needs no tags), its words alone."""
+    try:
+        return read_for(data, cfg)
+    except (DataError, ValueError) as first:
+        if cfg.data.format not in ("auto", "conll") or isinstance(data, (list, tuple)) or is_hf_dataset(data):
+            raise
+        try:
+            width, _ = word_rows(resolve_path(data), cfg.data.word_column)
+        except (DataError, ValueError, OSError):
+            raise first from None
+        if width != 1:
+            raise
+        ds = read_conll(resolve_path(data), word_column=cfg.data.word_column, tag_column=None,
+                        on_bad_record=cfg.data.on_bad_record)
+        return ds
+
+
 def predict_checkpoint(model, text: str | None = None, data=None, output_dir=None, overrides=None,
                        progress: bool = False) -> dict:
     """Tag raw `text` or every sentence of `data`.
@@ -311,7 +333,7 @@ def predict_checkpoint(model, text: str | None = None, data=None, output_dir=Non
         t0 = time.time()
         spans, skipped = None, []
         if data is not None:
-            ds = read_for(data, cfg)
+            ds = _read_unlabelled_too(data, cfg)
             examples, source, skipped = ds.examples, ds.path, ds.skipped
         else:
             words, spans = split_words(text)

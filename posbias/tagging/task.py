@@ -9,7 +9,7 @@ import argparse
 from .. import arguments as cli_args
 from ..config import resolve_path
 from ..errors import ConfigError, check_keywords
-from .config import TaggingConfig
+from .config import POSITION_BATCH_TOKENS, TaggingConfig
 from .features import build_tagging_features
 from .inputs import label_list, read_for, tagging_tokenizer
 from .metrics import main_metric, score_files, sentence_ratios
@@ -72,8 +72,8 @@ class TaggingTask:
                             "ids start where copy k would (default both)")
         p.add_argument("--max-len", type=cli_args.positive_int, default=None,
                        help="tokens per input (default: the model's position table)")
-        p.add_argument("--batch-tokens", type=cli_args.positive_int, default=16_384,
-                       help="padded tokens per forward batch")
+        p.add_argument("--batch-tokens", type=cli_args.positive_int, default=POSITION_BATCH_TOKENS,
+                       help=f"padded tokens per forward batch (default {POSITION_BATCH_TOKENS:,})")
         cli_args.overrides_arg(p, "data overrides, e.g. data.format=conll data.tag=xpos")
         cli_args.task_options(p, "k_max", "quantiles", "modes", "max_len", "batch_tokens", none_means=("quantiles",))
 

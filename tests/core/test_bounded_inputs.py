@@ -453,3 +453,20 @@ def test_load_json_bounds_size_and_names_the_file(tmp_path):
         load_json(path, "test file", limit=100, data=True)
     with pytest.raises(ConfigError, match="/dev/zero: is a device"):
         load_json("/dev/zero", "test file")
+
+
+def test_the_default_data_limit_fits_the_machines_memory(monkeypatch):
+    """A stream is held whole while it is parsed (about 1.1x its size at the peak): the default bound is
+    4 GiB or a quarter of the machine's memory, whichever is smaller; the variable still overrides it."""
+    from posbias import limits
+
+    monkeypatch.delenv(DATA_LIMIT_ENV, raising=False)
+    monkeypatch.setattr(limits, "memory_bytes", lambda: 8 * 1024**3)
+    assert limits.data_limit() == 2 * 1024**3
+    monkeypatch.setattr(limits, "memory_bytes", lambda: 64 * 1024**3)
+    assert limits.data_limit() == limits.DEFAULT_DATA_LIMIT
+    monkeypatch.setattr(limits, "memory_bytes", lambda: None)
+    assert limits.data_limit() == limits.DEFAULT_DATA_LIMIT
+    monkeypatch.setattr(limits, "memory_bytes", lambda: 8 * 1024**3)
+    monkeypatch.setenv(DATA_LIMIT_ENV, str(5 * 1024**3))
+    assert limits.data_limit() == 5 * 1024**3

@@ -55,3 +55,37 @@ def test_finite_metrics_still_load(tmp_path):
     make_store(tmp_path, json.dumps({"val": {"exact_match": 40.0, "f1": 55.5, "total": 4}}))
     runs = load_results(tmp_path)["runs"]
     assert [r["metrics"]["val"]["f1"] for r in runs] == [60.0, 55.5]
+
+
+@pytest.mark.parametrize("config_json, why", [("{not json", "not valid JSON"), ("[1, 2]", "not a JSON object")])
+def test_a_run_with_a_damaged_config_json_is_refused_naming_store_and_run(tmp_path, config_json, why):
+    db = make_store(tmp_path, json.dumps(GOOD))
+    with closing(connect(db)) as conn, conn:
+        conn.execute("UPDATE runs SET config_json = ? WHERE name = 'base/seed2'", (config_json,))
+    with pytest.raises(ConfigError, match=f"^{db}: run 'base/seed2': its config_json is {why}"):
+        load_results(tmp_path)
+
+
+def test_a_store_with_a_column_posbias_cannot_fill_is_refused_before_any_run_trains(tmp_path):
+    """An extra NOT NULL column without a default in `runs`: every insert of a run would fail after its
+    training; the store is refused, named, before anything trains."""
+    import sqlite3
+
+    import posbias
+    from tests.experiment.test_store import tiny_spec
+
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    with closing(connect(exp / "experiment.sqlite")):  # a store as posbias creates it
+        pass
+    with closing(sqlite3.connect(exp / "experiment.sqlite")) as conn:
+        conn.executescript("CREATE TABLE runs2 AS SELECT * FROM runs; DROP TABLE runs; "
+                           "CREATE TABLE runs (name TEXT PRIMARY KEY, method TEXT, seed INTEGER, dataset TEXT, "
+                           "train_size INTEGER, config_hash TEXT, config_json TEXT, output_dir TEXT, status TEXT, "
+                           "started TEXT, finished TEXT, wall_seconds REAL, train_seconds REAL, metrics_json TEXT, "
+                           "versions_json TEXT, owner TEXT NOT NULL); DROP TABLE runs2;")
+    spec = tiny_spec(tmp_path)
+    with pytest.raises(ConfigError, match=f"{exp / 'experiment.sqlite'} is not a posbias experiment store: its runs "
+                                          "table has a column 'owner'"):
+        posbias.experiment_run(spec, progress=False)
+    assert not (exp / "runs").exists()  # nothing trained

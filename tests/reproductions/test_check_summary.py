@@ -236,3 +236,30 @@ def test_lab_notebook_text_in_a_rendered_field_fails(field, text):
     else:
         row[field] = row[field] + " " + text
     assert any("reads like a lab notebook" in p for p in cs.check(summary))
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", "the file is empty"),
+    ("rows: [\n", "not valid YAML"),
+    ("- a\n- b\n", "top level must be a mapping"),
+    ("papers: {a: 1}\nverdicts: {x: y}\nrows: [1]\n", "papers.a must be a mapping"),
+    ("papers: {a: {name: A, title: T, about: B}}\nverdicts: {x: y}\nrows: [1]\n", "rows[0] must be a mapping"),
+    ("papers: {a: {name: A, title: T, about: B}}\nverdicts: {x: y}\nrows: [{claim: c, paper: a, verdict: x, "
+     "regime: r, short: {claim: c, ours: 1}, full: {claim: c, ours: o, verdict: v}, rerun: [x]}]\n",
+     "rows[0] ('c').short must be a mapping with claim, ours and verdict texts"),
+])
+def test_a_malformed_summary_is_one_line_and_exit_2(tmp_path, capsys, content, message):
+    path = tmp_path / "summary.yaml"
+    path.write_text(content, encoding="utf-8")
+    assert cs.main(["--summary", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err and str(path) in err
+
+
+def test_a_page_that_never_ends_or_is_not_text_is_one_line(tmp_path, capsys):
+    assert cs.main(["--page", "/dev/zero"]) == 2
+    assert "is a device" in capsys.readouterr().err
+    bad = tmp_path / "page.md"
+    bad.write_bytes(b"\xff\xfe not utf-8")
+    assert cs.main(["--page", str(bad)]) == 2
+    assert "not UTF-8" in capsys.readouterr().err

@@ -120,3 +120,12 @@ def test_results_text_has_no_issue_numbers_and_no_overlong_prose_lines(pages):
                 assert not re.search(r"20\d\d-\d\d-\d\d", line), (name, line)  # dates go in the text, not headings
         long = [line[:60] for line in _prose_lines(text) if len(line) > 300]
         assert not long, (name, long)
+
+
+def test_a_malformed_summary_stops_the_pages_in_one_line(tmp_path, capsys):
+    path = tmp_path / "summary.yaml"
+    path.write_text("rows: oops\n", encoding="utf-8")
+    assert rp.main(["--out", str(tmp_path / "out"), "--summary", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "papers must be a non-empty mapping" in err
+    assert not (tmp_path / "out").exists()

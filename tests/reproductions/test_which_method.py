@@ -240,3 +240,13 @@ def test_main_writes_the_page(tmp_path):
     out = tmp_path / "which-method.md"
     assert wm.main(["--out", str(out)]) == 0
     assert out.read_text(encoding="utf-8").startswith("# Which method should I use?")
+
+
+@pytest.mark.parametrize("content, message", [("", "the file is empty"), ("tasks: 3\n", "tasks must be a non-empty list"),
+                                              ("tasks: [{task: t}]\n", "tasks[0].regime must be a text")])
+def test_a_malformed_tasks_file_is_one_line_and_exit_2(tmp_path, capsys, content, message):
+    path = tmp_path / "tasks.yaml"
+    path.write_text(content, encoding="utf-8")
+    assert wm.main(["--tasks", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err

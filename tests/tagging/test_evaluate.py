@@ -169,3 +169,35 @@ def test_wnut17_read_right_has_no_false_alarm(name):
     path = _shared(name)
     align(path, ["O"] + [f"{p}-{t}" for t in ("corporation", "creative-work", "group", "location", "person",
                                               "product") for p in "BI"])
+
+
+@pytest.fixture(scope="module")
+def named_folder(tmp_path_factory):
+    """A tiny BertForTokenClassification folder whose labels are CoNLL-2003's NER tags."""
+    from transformers import AutoTokenizer, BertConfig, BertForTokenClassification
+
+    out = tmp_path_factory.mktemp("named")
+    tok = AutoTokenizer.from_pretrained(str(RESOURCES / "tiny_tokenizer"))
+    torch.manual_seed(0)
+    BertForTokenClassification(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=4, intermediate_size=64, num_labels=len(NER),
+                                          id2label=dict(enumerate(NER)), label2id={t: i for i, t in enumerate(NER)})
+                               ).save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out
+
+
+def test_predict_tags_a_file_of_words_alone(named_folder, tmp_path):
+    """Predicting needs no tags: a file of one column (words) is tagged, not refused as `word_column 0 and
+    tag_column -1 are the same column`."""
+    words = tmp_path / "words.txt"
+    words.write_text("Ana\nwent\nto\nOslo\n\nBob\nstayed\n", encoding="utf-8")
+    out = posbias.predict(str(named_folder), data=str(words), task="tagging", output_dir=str(tmp_path / "pred"))
+    assert [v["words"] for v in out.values()] == [["Ana", "went", "to", "Oslo"], ["Bob", "stayed"]]
+    assert all(len(v["tags"]) == len(v["words"]) and set(v["tags"]) <= set(NER) for v in out.values())
+    r = run_cli("predict", "tagging", "--model", str(named_folder), "--data", str(words))
+    assert r.returncode == 0, r.stderr
+    broken = tmp_path / "broken.txt"  # two columns on one line, one on the others: still refused, named
+    broken.write_text("Ana B-PER\nwent\n", encoding="utf-8")
+    with pytest.raises(Exception, match="broken.txt"):
+        posbias.predict(str(named_folder), data=str(broken), task="tagging")

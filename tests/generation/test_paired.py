@@ -1,8 +1,8 @@
-"""posbias/generation/analysis.py: the paired position verdict on hand-made score matrices."""
+"""posbias/generation/paired.py: the paired position verdict on hand-made score matrices."""
 import numpy as np
 import pytest
 
-from posbias.generation.analysis import paired_difference, position_verdict, sentence, u_text
+from posbias.generation.paired import paired_difference, position_verdict, sentence, u_text
 
 
 def test_a_flat_curve_has_no_effect_and_psi_zero():
