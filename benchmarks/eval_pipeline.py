@@ -17,9 +17,10 @@ two alternate (base, current, base, current, ...), so both see the same load of 
 and the predictions, n-best lists and metrics of the two are compared to the character.
 
 Usage:
-    python benchmarks/eval_pipeline.py [--data /work/shared/data/squad_v1.1/dev-v1.1.json.gz]
-        [--repeats 3] [--base /tmp/base] [--limit N]
-Prints a Markdown block for docs/results/performance.md; writes bench/out/eval_pipeline/<timestamp>.json.
+    python benchmarks/eval_pipeline.py [--data $POSBIAS_SHARED_DATA/squad_v1.1/dev-v1.1.json.gz]
+        [--repeats 3] [--base OLD_CHECKOUT] [--limit N]
+Prints a Markdown block; writes bench/out/eval_pipeline/<timestamp>.json. The published numbers are in
+benchmarks/results/eval_pipeline.json (the site's Performance page is generated from it).
 """
 from __future__ import annotations
 

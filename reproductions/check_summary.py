@@ -243,7 +243,8 @@ def unaccounted(row: dict) -> list[str]:
     quoted = " ".join(str((row.get(part) or {}).get("claim") or "") for part in ("short", "full"))
     out = []
     texts = [(part, cell, (row.get(part) or {}).get(cell)) for part in ("short", "full") for cell in SCANNED]
-    for part, cell, raw in texts + [("the", "regime", row.get("regime"))]:
+    figures = [("a figure's", "caption", f.get("caption")) for f in row.get("figures") or []]
+    for part, cell, raw in texts + [("the", "regime", row.get("regime"))] + figures:
         if True:
             text = " ".join(str(raw or "").split())
             checked = set()
@@ -370,6 +371,7 @@ def check(summary: dict, page: str | None = None) -> list[str]:
         spec = row.get("primary")
         rendered = [("regime", row.get("regime")), *(("rerun", c) for c in row.get("rerun") or []),
                     *(("unchecked list", u) for u in row.get("unchecked") or []),
+                    *(("figure caption", f.get("caption")) for f in row.get("figures") or []),
                     ("primary", spec.get("none") if isinstance(spec, dict) else None),
                     *((f"{part} {cell}", (row.get(part) or {}).get(cell)) for part in ("short", "full") for cell in CELLS)]
         for where, text in rendered:

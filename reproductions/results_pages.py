@@ -43,10 +43,14 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower().replace("*", "star").replace(">", " over ")).strip("-")
 
 
-def pages(summary: dict | None = None) -> dict[str, str]:
-    """Every Results page but performance.md: "results/<page>.md" -> Markdown."""
+def pages(summary: dict | None = None) -> dict[str, str | bytes]:
+    """Every Results page but performance.md: "results/<page>.md" -> Markdown, and the figures the rows show
+    (a row's `figures`: a PNG an archived diagnosis wrote) -> their bytes under results/img/."""
     summary = summary if summary is not None else load_summary()
-    out = {"results/index.md": index_page(summary)}
+    out: dict[str, str | bytes] = {"results/index.md": index_page(summary)}
+    for row in summary["rows"]:
+        for fig in row.get("figures") or []:
+            out[f"results/{figure_path(fig)}"] = (ROOT / fig["diagnosis"] / fig["file"]).read_bytes()
     for key in summary["papers"]:
         out[f"results/{key}.md"] = paper_page(summary, key)
     import which_method  # reproductions/which_method.py: the page per task, from the stores
@@ -212,6 +216,11 @@ def paper_page(summary: dict, key: str) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
+def figure_path(fig: dict) -> str:
+    """Where a row's figure lies beside the Results pages: img/<diagnosis folder>-<file>."""
+    return f"img/{Path(fig['diagnosis']).name}-{Path(fig['file']).name}"
+
+
 def row_section(row: dict) -> str:
     full = row["full"]
     rerun = "\n".join(row.get("rerun") or [])
@@ -234,6 +243,7 @@ def row_section(row: dict) -> str:
             + (f", the paper's {_num(t['paper_effect'])}" if t.get("paper_effect") is not None else "") + ")"
             for t in primary_module.tests_of(row))
     kind = f"*A {row['kind']}.* " if row.get("kind") else ""
+    figures = [f"![{fig['caption']}]({figure_path(fig)})\n\n*{fig['caption']}*\n" for fig in row.get("figures") or []]
     return "\n".join([
         f"## {row['claim']} {{#{slug(row['claim'])}}}\n",
         _wrap(f"{kind}**Verdict: {full['verdict']}**") + "\n",
@@ -245,6 +255,7 @@ def row_section(row: dict) -> str:
         "```bash",
         rerun,
         "```\n",
+        *figures,
         "\n".join(note) + "\n",
     ])
 

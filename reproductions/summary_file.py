@@ -76,6 +76,13 @@ def load_summary(path) -> dict:
                                              and all(isinstance(c, dict) and isinstance(c.get("text"), str)
                                                      for c in row["checks"])),
               path, f"{where}.checks", "must be a list of mappings, each with a text")
+        figures = row.get("figures")
+        _need(figures is None or (isinstance(figures, list) and all(
+            isinstance(f, dict) and all(isinstance(f.get(k), str) for k in ("diagnosis", "file", "caption"))
+            for f in figures)), path, f"{where}.figures", "must be a list of {diagnosis, file, caption} texts")
+        for f in figures or []:
+            _need((ROOT / f["diagnosis"] / f["file"]).is_file() and f["file"].endswith(".png"), path,
+                  f"{where}.figures", f"names {f['diagnosis']}/{f['file']}, which is not a PNG file there")
         primary = row.get("primary")
         ok = (isinstance(primary, dict) and ("none" in primary or "direction" in primary)) or (
             isinstance(primary, list) and all(isinstance(t, dict) for t in primary))

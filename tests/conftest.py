@@ -54,3 +54,70 @@ def tiny_bert_folder(tmp_path_factory):
     BertModel(BertConfig(vocab_size=len(tok), **config)).save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return str(out)
+
+
+# ------------------------------------------------------------------------------------------ test tiers
+# An end-to-end test (marker `e2e`) starts a subprocess, trains a model, or loads a real packaged model
+# (MiniLM, Gemma 3 270M); `make test-fast` runs the others (`-m "not e2e"`), `make test` all of them.
+# A test is e2e when it carries the `slow` or `integration` marker, or when its own code or a fixture it
+# uses (transitively) calls one of E2E_CALLS. Marking by what the code calls keeps a new test in its
+# tier without anyone remembering to mark it.
+E2E_CALLS = ("run_cli(", "subprocess.", "Popen(", "experiment_run(", "posbias.train(", "api.train(",
+             "posbias.demo(", "train_run(", "train_model(", ".train(cfg", "trained_checkpoint", "_cli(",
+             '"minilm"', "'minilm'", '"gemma"', "gemma_cache", ".start(", "run_example(", "_example(",
+             "trainer.train(", "Trainer(", "torch.multiprocessing", "mp.spawn", "torchrun", "require_llama(",
+             "require_transformers_serve(")
+
+
+import re  # noqa: E402
+
+_SOURCES: dict = {}
+
+
+def _source(obj) -> str:
+    """The source of a test or fixture function, read once per function."""
+    import inspect
+
+    if obj not in _SOURCES:
+        try:
+            _SOURCES[obj] = inspect.getsource(obj)
+        except (OSError, TypeError):
+            _SOURCES[obj] = ""
+    return _SOURCES[obj]
+
+
+_NAME = re.compile(r"\b([A-Za-z_]\w*)\b")
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _is_e2e(item) -> bool:
+    """Whether the test, a fixture it uses or a helper function of the tests that either calls (followed
+    through every call by name into the tests' own modules) makes one of E2E_CALLS."""
+    if item.get_closest_marker("slow") or item.get_closest_marker("integration"):
+        return True
+    seen, todo = set(), [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    if info is not None:
+        todo += [fd.func for defs in info.name2fixturedefs.values() for fd in defs]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen or not callable(fn):
+            continue
+        seen.add(fn)
+        text = _source(fn)
+        if any(call in text for call in E2E_CALLS):
+            return True
+        namespace = getattr(fn, "__globals__", {})
+        for name in set(_NAME.findall(text)):
+            helper = namespace.get(name)
+            code = getattr(helper, "__code__", None)
+            if code is not None and code.co_filename.startswith(_TESTS):  # a helper of the tests' own
+                todo.append(helper)
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _is_e2e(item):
+            item.add_marker(pytest.mark.e2e)

@@ -8,6 +8,8 @@
   names of `posbias.hf` (rendered from their docstrings by mkdocstrings).
 - changelog.md: CHANGELOG.md of the repository.
 - the results pages: `pages()` of reproductions/results_pages.py, when that file exists.
+- results/performance.md: `page()` of benchmarks/results_page.py over benchmarks/results/*.json (one file
+  per benchmark), when that file exists.
 
 Each generated page replaces a file of the same path in docs/ (a placeholder). The functions here are
 also what tests/docs/ checks the code against (every option has a help text, every key a docstring).
@@ -526,6 +528,23 @@ def results_pages(root: Path = ROOT) -> dict[str, str | bytes]:
     return out
 
 
+def performance_page(root: Path = ROOT) -> dict[str, str]:
+    """{"results/performance.md": content} from benchmarks/results_page.py's `page()` over
+    benchmarks/results/, when that file exists (a malformed results file stops the build in one line)."""
+    script = root / "benchmarks" / "results_page.py"
+    if not script.is_file():
+        return {}
+    spec = importlib.util.spec_from_file_location("posbias_results_page", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        return {"results/performance.md": module.page(root / "benchmarks" / "results")}
+    except module.ResultsError as e:
+        from mkdocs.exceptions import PluginError  # the build stops on this one line, without a traceback
+
+        raise PluginError(str(e)) from None
+
+
 def generated_pages(root: Path = ROOT) -> dict[str, str | bytes]:
     """{path under docs/: content} of every generated page."""
     pages: dict[str, str | bytes] = {
@@ -536,6 +555,7 @@ def generated_pages(root: Path = ROOT) -> dict[str, str | bytes]:
         "changelog.md": changelog_markdown(root),
     }
     pages.update(results_pages(root))
+    pages.update(performance_page(root))
     return pages
 
 
@@ -556,4 +576,7 @@ def on_serve(server, config, builder):
     changelog = Path(config["docs_dir"]).resolve().parent / "CHANGELOG.md"
     if changelog.is_file():
         server.watch(str(changelog))
+    results = Path(config["docs_dir"]).resolve().parent / "benchmarks" / "results"
+    if results.is_dir():  # the Performance page's data
+        server.watch(str(results))
     return server

@@ -74,7 +74,7 @@ def write_report(exp_dir, bootstrap_samples: int = 10_000, *, only: list[str] | 
         doc.table(*bias_table(bias_rows))
         doc.paragraph(bias_note(bias_rows))
         if gaps:
-            doc.heading("Change of the position gap against the baseline")
+            doc.heading("Change of the position gap against the baseline", level=3)
             doc.table(*gap_table(gaps))
             doc.paragraph(GAP_NOTE)
     else:

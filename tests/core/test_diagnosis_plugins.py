@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,8 +85,13 @@ def test_a_plugin_diagnosis_runs_from_the_cli_and_from_python(plugin_dir, tmp_pa
                   "--min-bucket", "0", env=env)
     assert bad.returncode == 2 and "min_bucket must be a positive integer" in bad.stderr  # the shared verdict check
 
+    registry.DIAGNOSES.names()  # the built-in diagnoses loaded before the copies are taken
     monkeypatch.syspath_prepend(str(plugin_dir))
     monkeypatch.setitem(registry._plugins, "loaded", False)
+    # `count` stays registered in this process no longer than this test: later tests list the diagnoses
+    monkeypatch.setattr(registry.DIAGNOSES, "_table", dict(registry.DIAGNOSES._table))
+    monkeypatch.setattr(registry.DIAGNOSES, "_traits", dict(registry.DIAGNOSES._traits))
+    monkeypatch.delitem(sys.modules, "posbias_count_plugin", raising=False)
     registry.load_plugins()
     res = posbias.diagnose("m2", "demo:dev", tmp_path / "py", task="count", halves=2, bootstrap_samples=7)
     assert res["model"] == "m2" and res["bootstrap_samples"] == 7 and 0 < res["front"] < res["questions"]

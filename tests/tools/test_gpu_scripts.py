@@ -1,6 +1,6 @@
-"""The tools/gpu scripts, on the CPU with tiny encoders: throughput.py measures every row (posbias
+"""The GPU scripts, on the CPU with tiny encoders: benchmarks/gpu/throughput.py measures every row (posbias
 train, HF Trainer, the bare encoder, evaluation) and writes throughput.json with positive throughput
-and the Markdown table; lanes.py runs a grid as concurrent processes, archives the finished runs'
+and the Markdown table; tools/gpu/lanes.py runs a grid as concurrent processes, archives the finished runs'
 store and small files, and stops what cannot finish by its deadline."""
 import json
 import os
@@ -13,8 +13,8 @@ import pytest
 from posbias.config import RESOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tools" / "gpu" / "throughput.py"
-LANES = SCRIPT.with_name("lanes.py")
+SCRIPT = ROOT / "benchmarks" / "gpu" / "throughput.py"
+LANES = ROOT / "tools" / "gpu" / "lanes.py"
 QUEUE_SPECS = sorted(ROOT.glob("reproductions/*/*_full.yaml"))  # the GPU queue's items, each beside its paper's specs
 SMOKE = RESOURCES.parent / "configs" / "experiments" / "smoke.yaml"  # 2 methods x 2 seeds, 6 steps
 
@@ -270,7 +270,8 @@ def test_remote_generation_item_runs_each_k_and_archives_reports_and_score_cache
     tok.save_pretrained(model)
     data = squad_file(tmp_path)
     run = dict(GEN_MODEL=model, GEN_DATA=data, KS="2 3", SCORINGS="loglik", MITIGATIONS="reorder", GEN_QUESTIONS=4,
-               GEN_BOOTSTRAP=20, GEN_ARGS="--min-bucket 2", GEN_PRECISION="fp32", LANES_DEVICE="cpu")
+               GEN_BOOTSTRAP=20, GEN_ARGS="--min-bucket 2", GEN_PRECISION="fp32", LANES_DEVICE="cpu",
+               GEN_MAX_PROMPT_TOKENS=2048)  # the tiny model's context: 4096
     out = tmp_path / "out"
     log = _sh(REMOTE, "item", "generation", "600", STASH=tmp_path / "stash", OUT=out, **run)
     assert "k2 finished" in log and "k3 finished" in log, log

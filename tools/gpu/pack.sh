@@ -10,7 +10,7 @@
 #   .gpu/part2/minilm/   the other piece(s) of model.safetensors
 #   bench/out/gpu_data/  the queue items' data sets, gzipped (built from ../shared/data), each for its spec
 #                        under reproductions/: rp_full/ (random_padding/rp_full.yaml), probe/ (for
-#                        tools/gpu/lane_probe.py), shared/conll2003/ (token_positional_bias/tpb_conll_full.yaml,
+#                        benchmarks/gpu/lane_probe.py), shared/conll2003/ (token_positional_bias/tpb_conll_full.yaml,
 #                        ITEMS="tpb_conll": 2.2 MB), map_full/ (map/map_full.yaml, ITEMS="map_full"),
 #                        dyref_full/ (dyref/dyref_full.yaml, ITEMS="dyref_full"), ko_full/
 #                        (first_sentence/ko_full.yaml, ITEMS="ko_full")
@@ -166,7 +166,7 @@ for item in $ITEMS; do
         gzip -9 -c "$build/squad_dev/dev.json" > "$out/dev.json.gz"
         for f in ko_first ko_random squad_dev; do cp "$build/$f/stats.md" "$out/${f}_stats.md"; done
       fi ;;
-    probe)  # tools/gpu/lane_probe.py: 6,000 D_50 training questions (how many lanes a GPU takes)
+    probe)  # benchmarks/gpu/lane_probe.py: 6,000 D_50 training questions (how many lanes a GPU takes)
       out=bench/out/gpu_data/probe
       if [ ! -s "$out/train_d50_6k.json.gz" ]; then
         T=$SHARED/squad_v1.1_train_reconstructed

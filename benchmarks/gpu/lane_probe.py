@@ -6,7 +6,7 @@ leaves the GPU mostly idle, so grids run as concurrent lanes (tools/gpu/lanes.py
 speed does not depend on the weight values), each its own seed, and reads their train_log.jsonl:
 per-process steps/s (the median over log windows after the first) and the aggregate.
 
-    python tools/gpu/lane_probe.py --data TRAIN.json.gz --tokenizer DIR --lanes 1 3 6 --steps 600 --out DIR
+    python benchmarks/gpu/lane_probe.py --data TRAIN.json.gz --tokenizer DIR --lanes 1 3 6 --steps 600 --out DIR
 """
 from __future__ import annotations
 

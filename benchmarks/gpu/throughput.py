@@ -40,8 +40,8 @@ so the windows' length mix differs; the encoder keeps MiniLM's 30,522-row embedd
 the same tokenizer; the JSON records which.
 
 Usage:
-    python tools/gpu/throughput.py --out bench/out/gpu          # cuda when available, 60 steps
-    python tools/gpu/throughput.py --device cpu --tiny --steps 4 --precisions fp32   # seconds: checks the script
+    python benchmarks/gpu/throughput.py --out bench/out/gpu          # cuda when available, 60 steps
+    python benchmarks/gpu/throughput.py --device cpu --tiny --steps 4 --precisions fp32   # seconds: checks the script
     options: --steps N --chunk K --precisions fp32,bf16 --rows posbias,trainer,bare,eval --dev N
              --max-seconds S --real-weights --tokenizer DIR
 Writes OUT/throughput.json (default bench/out/gpu/throughput.json) and prints a Markdown table.
@@ -630,7 +630,7 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     setup = Setup(args)
     dev = setup.device
-    res = {"script": "tools/gpu/throughput.py", "argv": sys.argv[1:] if argv is None else list(argv),
+    res = {"script": "benchmarks/gpu/throughput.py", "argv": sys.argv[1:] if argv is None else list(argv),
            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "hardware": hardware(dev),
            "versions": versions(), "config": setup.describe(), "rows": [], "skipped": [], "seconds": None}
     path = out / "throughput.json"
