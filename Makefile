@@ -21,12 +21,17 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/posbias demo
 
-# pytest exit code 5 = no tests collected: not a failure for this target.
+# Two tiers (docs/contributing.md, "Tests"): `make test` runs everything, `make test-fast` leaves out the
+# end-to-end tests (marked `e2e` by tests/conftest.py: a subprocess, a training, a real packaged model).
+# Both spread the tests over TEST_WORKERS processes (pytest-xdist; 0: one process, in order).
+# pytest exit code 5 = no tests collected: not a failure for these targets.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 test: $(STAMP)
-	@$(PY) -m pytest -q -ra; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	@$(PY) -m pytest -q -ra $(XDIST); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 test-fast: $(STAMP)
-	@$(PY) -m pytest -q -m "not slow and not integration"; rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
+	@$(PY) -m pytest -q -ra -m "not e2e" $(XDIST); rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
 
 # The documentation site (mkdocs.yml; the `docs` extra, installed with `dev`) into site/. --strict: a
 # broken link or anchor, a page missing from the nav or a docstring naming a parameter the signature

@@ -43,6 +43,9 @@ digits `text` shows; a leading + is kept, and "−" (U+2212) reads as "-".
 A check of one of the row's primary tests: {primary: 0, stat: diff | p | p_holm | p_size | ci_low |
 ci_high | n, text: ...} (the test's index in the row's `primary` list; p one-sided in the paper's
 direction, p_holm over the paper's primary tests, p_size one-sided against the paper's effect).
+A secondary test, computed as a primary one is but outside the paper's family (no Holm): {secondary:
+{...a primary test's keys...}, stat: diff | p | ci_low | ci_high | arm_mean | versus_mean | n, text}
+(e.g. another arm's rear − front gap, or its F1 on one segment).
 
 Every number a row prints in its `ours` and `verdict` cells (short and full) must be accounted for: the
 last number of a check's `text` where the row prints that text, or a number listed in the head of an
@@ -93,6 +96,11 @@ def value(check: dict, primaries: list[dict] | None = None) -> float:
         if check.get("stat") not in primary_module.STATS:
             raise LookupError(f"primary test stat {check.get('stat')!r} is not one of {', '.join(primary_module.STATS)}")
         return float(primaries[int(check["primary"])][check["stat"]])
+    if "secondary" in check:  # a test computed as a primary one is, outside the paper's Holm family
+        if check.get("stat") not in primary_module.STATS or check["stat"] in ("p_holm", "family"):
+            raise LookupError(f"secondary test stat {check.get('stat')!r} is not one of "
+                              f"{', '.join(s for s in primary_module.STATS if s not in ('p_holm', 'family'))}")
+        return float(_secondary(json.dumps(check["secondary"], sort_keys=True))[check["stat"]])
     if "diagnosis" in check:
         return _diagnosis_value(check)
     if "curve" in check:
@@ -110,6 +118,11 @@ def value(check: dict, primaries: list[dict] | None = None) -> float:
     if "ttest" not in r:
         raise LookupError(f"no comparison to a baseline for {_where(check)}")
     return r["ttest"]["diff" if stat == "delta" else stat]
+
+
+@lru_cache(maxsize=None)
+def _secondary(spec: str) -> dict:
+    return primary_module.compute(json.loads(spec))
 
 
 def _curve_value(check: dict) -> float:
@@ -163,6 +176,9 @@ def _diagnosis_value(check: dict) -> float:
 def _where(check: dict) -> str:
     if "primary" in check:
         return f"primary test {check['primary']}"
+    if "secondary" in check:
+        t = check["secondary"]
+        return f"secondary test {t.get('label') or t.get('method')} ({t.get('store') or t.get('diagnosis')})"
     if "curve" in check:
         return f"{check['store']} {check['run']} {check['curve']}"
     if "diagnosis" in check:

@@ -225,8 +225,9 @@ def row_section(row: dict) -> str:
     full = row["full"]
     rerun = "\n".join(row.get("rerun") or [])
     checks = row.get("checks") or []
-    stores = sorted({c.get("store") or c.get("diagnosis") for c in checks if "primary" not in c}
-                    | {t.get("store") or t["diagnosis"] for t in primary_module.tests_of(row)})
+    tests = list(primary_module.tests_of(row)) + [c["secondary"] for c in checks if "secondary" in c]
+    stores = sorted({c.get("store") or c.get("diagnosis") for c in checks if "primary" not in c and "secondary" not in c}
+                    | {t.get("store") or t["diagnosis"] for t in tests})
     checked = (f"{len(checks)} numbers of this row are recomputed from "
                + ", ".join(f"`{s}`" for s in stores) + " by `python reproductions/check_summary.py`."
                if checks else "No number of this row is recomputed from a store.")

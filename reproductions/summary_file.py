@@ -76,6 +76,9 @@ def load_summary(path) -> dict:
                                              and all(isinstance(c, dict) and isinstance(c.get("text"), str)
                                                      for c in row["checks"])),
               path, f"{where}.checks", "must be a list of mappings, each with a text")
+        for c in row.get("checks") or []:
+            _need("secondary" not in c or (isinstance(c["secondary"], dict) and "direction" in c["secondary"]),
+                  path, f"{where}.checks", f"{c['text']!r}: secondary must be a test (a mapping with a direction)")
         figures = row.get("figures")
         _need(figures is None or (isinstance(figures, list) and all(
             isinstance(f, dict) and all(isinstance(f.get(k), str) for k in ("diagnosis", "file", "caption"))

@@ -280,8 +280,13 @@ def check_gguf_header(file: Path, key: str) -> None:
 def _require_gguf(key: str) -> None:
     try:
         import gguf  # noqa: F401  (transformers reads GGUF files with it)
-    except ImportError:
-        raise ConfigError(f"{key}: reading a GGUF file needs the package gguf: {INSTALL}") from None
+    except ImportError as e:
+        if getattr(e, "name", None) == "gguf":
+            raise ConfigError(f"{key}: reading a GGUF file needs the package gguf: {INSTALL}") from None
+        # gguf itself is there but cannot import (gguf < 0.17.1 imports sentencepiece, which it does
+        # not declare): name what is missing, not gguf
+        raise ConfigError(f"{key}: the installed gguf cannot be imported ({e}); gguf>=0.17.1 needs no more "
+                          f"packages: {INSTALL}") from None
 
 
 def file_sha256(file: Path, cache: Path) -> str:

@@ -195,7 +195,7 @@ FROZEN_GRIDS = {
     'archived/tpb_ewt_dstar': 'c7a9a0790bada5e9',
     'archived/rp_full': '9cebc6571332e779',
     'archived/tpb_conll_full': 'f4afbac2b21df24c',
-    'archived/rp_squad_d50_3ep_reinit': '0f2ac5644475bacc',
+    'archived/rp_squad_d50_3ep_reinit': 'f936e0cf25ca3f11',  # the capped, augment and lr 3e-5 arms joined the spec
     'archived/tpb_conll_authors_reinit': '9aa3f6a65963903e',
 }
 # Finished runs of each archived store that `experiment run docs/experiments/<name>/experiment.yaml`
@@ -208,7 +208,7 @@ SKIPPED = {
     "precision_parity_conll": (6, 6), "precision_parity_demo": (6, 6), "rp_squad_d50_bertpre": (6, 6),
     "tpb_conll_authors": (15, 15), "tpb_ewt_authors": (15, 15), "first_sentence_alpha": (6, 6),
     "rp_full": (2, 2), "tpb_conll_full": (2, 2), "rp_squad_d50": (9, 9), "rp_squad_d50_3ep": (6, 6),
-    "dyref_full_cpu": (2, 2), "rp_squad_d50_3ep_reinit": (6, 6), "tpb_conll_authors_reinit": (9, 9),
+    "dyref_full_cpu": (2, 2), "rp_squad_d50_3ep_reinit": (12, 12), "tpb_conll_authors_reinit": (9, 9),
     "map_e_forward": (3, 6),  # its map_e_forward runs name their checkpoint by path ({output_dir}), part of their hash
 }
 

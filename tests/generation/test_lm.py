@@ -237,6 +237,15 @@ def test_gguf_refusals_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)  # as if not installed
     with pytest.raises(ConfigError, match=r"needs the package gguf: pip install 'posbias\[llm\]'"):
         load_lm(str(fake), device="cpu", cache_dir=tmp_path)
+    # installed but unimportable, as gguf < 0.17.1 is without the sentencepiece it imports and does not declare
+    broken = tmp_path / "site" / "gguf"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("from sentencepiece_missing_here import SentencePieceProcessor\n")
+    monkeypatch.delitem(sys.modules, "gguf")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    with pytest.raises(ConfigError, match=r"the installed gguf cannot be imported \(No module named "
+                                          r"'sentencepiece_missing_here'\); gguf>=0.17.1"):
+        load_lm(str(fake), device="cpu", cache_dir=tmp_path)
 
 
 def test_a_gguf_of_an_architecture_transformers_lacks_is_one_line(tmp_path):

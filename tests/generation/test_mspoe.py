@@ -357,7 +357,7 @@ def _eager(model):
 
 @pytest.mark.integration
 def test_unit_ratios_give_the_real_gemma_back(gemma_cache):
-    """Gemma 3 270M, four 5-document prompts of the bundled SQuAD dev slice: Ms-PoE at ratio 1 on the layers
+    """Gemma 3 270M, two 5-document prompts of the bundled SQuAD dev slice: Ms-PoE at ratio 1 on the layers
     the diagnosis patches (global, the default) and on the authors' layers equals the unmodified model to
     the bit in fp32 (both in eager attention), and the diagnosis's sdpa scores within 1e-4 nats per token
     (fp32) and 0.1 (bf16, whose own rounding moves scores by about as much)."""
@@ -380,10 +380,10 @@ def test_unit_ratios_give_the_real_gemma_back(gemma_cache):
     ds = read_dataset(str(DEMO_DEV))
     lm = load_lm("gemma", device="cpu", precision="fp32", cache_dir=gemma_cache)
     mset = B.multi_document_qa(ds.examples, lm.count_tokens, k=5, max_doc_tokens=4000, seed=0,
-                               question_ids=[e.id for e in ds.examples[:4]])
+                               question_ids=[e.id for e in ds.examples[:2]])
     enc = lm.encode([B.prompt(q.question, q.documents(3)) for q in mset.questions],
                     [q.answers[0] for q in mset.questions], chat=False)
-    assert len(enc) == 4 and min(len(e.prompt) for e in enc) > 500
+    assert len(enc) == 2 and min(len(e.prompt) for e in enc) > 500
     sdpa = scores(lm, enc)
     eager = scores(lm, enc, _eager(lm.model))
     for layers in ("auto", "all"):

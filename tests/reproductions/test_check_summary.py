@@ -162,6 +162,24 @@ def test_a_curve_number_is_recomputed_from_the_store():
     assert any("'id 64 in 80.2%' printed, the record gives" in p for p in problems), problems
 
 
+def test_a_secondary_test_is_recomputed_outside_the_holm_family():
+    """Another arm's segment numbers (the Random Padding control's augment arm): computed as a primary
+    test is, not counted in the paper's family; a wrong arm is caught."""
+    rows = copy.deepcopy(SUMMARY["rows"])
+    row = next(r for r in rows if r["claim"] == "Positive control: Random Padding with untrained rear positions")
+    rear = next(c for c in row["checks"] if "secondary" in c and c["text"] == "100.0%): rear +3.65")
+    assert cs.value(rear) == pytest.approx(3.645, abs=0.01)
+    assert rear["secondary"]["method"] == "random_padding_augment"
+    families = {t["family"] for t in cs.primary_module.primary_tests(SUMMARY) if t["paper"] == "random-padding"}
+    assert families == {2}  # the paper's two primary tests; the arms' secondary tests are not in it
+    row["checks"] = [dict(c, secondary=dict(c["secondary"], method="random_padding_cap64")) if c is rear else c
+                     for c in row["checks"]]
+    problems = cs.check(dict(SUMMARY, rows=rows))
+    assert any("'100.0%): rear +3.65' printed, the record gives +1.16" in p for p in problems), problems
+    with pytest.raises(LookupError, match="secondary test stat 'p_holm'"):
+        cs.value(dict(rear, stat="p_holm"))
+
+
 # ------------------------------------------------------------------------------ primary tests
 
 
@@ -177,7 +195,8 @@ def test_every_row_names_its_primary_test_or_why_it_has_none():
             assert str(spec["none"]).strip(), row["claim"]
         else:
             for t in spec:
-                assert t["direction"] in ("greater", "less") and t["metric"] and t["store"], (row["claim"], t)
+                assert t["direction"] in ("greater", "less"), (row["claim"], t)
+                assert (t.get("metric") and t.get("store")) or (t.get("diagnosis") and t.get("scores")), (row["claim"], t)
     summary = copy.deepcopy(SUMMARY)
     del _row(summary, "MaP_F > InD")["primary"]
     assert any("'MaP_F > InD': no primary test" in p for p in cs.check(summary))
