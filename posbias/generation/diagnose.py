@@ -433,7 +433,8 @@ def _diagnose(lm, ds, mset, scorer: Scorer, out: Path, final: Path, *, scorings,
     if "loglik" in scorings:
         res["mean_logprob"] = {c: float(v["logprob"].mean()) for c, v in scores["loglik"].items()}
     if lengths:
-        res["heatmap"] = _heatmap(scorer, ds, qs, lengths, depths, seed, chat, tmpl)
+        res["heatmap"] = _heatmap(scorer, ds, qs, lengths, depths, seed, chat, tmpl, samples=samples,
+                                  min_bucket=min_bucket)
     res["model"] = lm.describe()  # after the scoring: a server's request count
     primary = "accuracy" if "generation" in scorings else "loglik"
     res["primary"] = primary
@@ -478,8 +479,11 @@ def _diagnose(lm, ds, mset, scorer: Scorer, out: Path, final: Path, *, scorings,
     return res
 
 
-def _heatmap(scorer: Scorer, ds, qs, lengths, depths, seed: int, chat: bool, tmpl: str) -> dict:
-    """Log-likelihood scores over the depth × length grid, for the questions of the multi-document set."""
+def _heatmap(scorer: Scorer, ds, qs, lengths, depths, seed: int, chat: bool, tmpl: str, *,
+             samples: int = V.DEFAULT_SAMPLES, min_bucket: int = V.MIN_BUCKET) -> dict:
+    """Log-likelihood scores over the depth × length grid, for the questions of the multi-document set;
+    per length, the position verdict over depths (paired over the questions whose haystack has every
+    depth, as the multi-document verdict is over positions)."""
     hs = B.haystacks(ds.examples, scorer.lm.count_tokens, lengths=lengths, depths=depths, seed=seed,
                      question_ids=[q.id for q in qs])
     texts, answers, where = [], [], []
@@ -487,18 +491,25 @@ def _heatmap(scorer: Scorer, ds, qs, lengths, depths, seed: int, chat: bool, tmp
         for i in range(len(h.depths)):
             texts.append(B.prompt(h.question, h.documents(i), template=tmpl))
             answers.append(h.answers[0])
-            where.append((h.length, i, h.actual_depths[i]))
+            where.append((h.length, i, h.actual_depths[i], h.id))
     vals = scorer.score("loglik", _encode(scorer.lm, texts, answers, chat), "haystack") if texts else []
     cells: dict[tuple[int, int], list[float]] = {}
     actual: dict[tuple[int, int], list[float]] = {}
-    for (L, i, a), v in zip(where, vals):
+    rows: dict[int, dict[str, list[float]]] = {}  # length -> haystack's question -> its score at each depth
+    for (L, i, a, qid), v in zip(where, vals):
         cells.setdefault((L, i), []).append(100.0 * math.exp(v))
         actual.setdefault((L, i), []).append(a)
+        rows.setdefault(L, {}).setdefault(qid, [math.nan] * len(depths))[i] = 100.0 * math.exp(v)
     grid = [[{"n": len(cells.get((L, i), [])),
               "score": float(np.mean(cells[(L, i)])) if cells.get((L, i)) else None,
               "actual_depth": float(np.mean(actual[(L, i)])) if actual.get((L, i)) else None}
              for i in range(len(depths))] for L in lengths]
-    return {"lengths": list(lengths), "depths": list(depths), "cells": grid, "set": hs.stats}
+    verdicts = []
+    for L in lengths:
+        full = [r for r in rows.get(L, {}).values() if not any(math.isnan(x) for x in r)]
+        mat = np.array(full, dtype=np.float64).reshape(len(full), len(depths))
+        verdicts.append({"length": L, **position_verdict(mat, samples=samples, seed=seed, min_size=min_bucket)})
+    return {"lengths": list(lengths), "depths": list(depths), "cells": grid, "set": hs.stats, "verdicts": verdicts}
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -680,6 +691,21 @@ def _report(res: dict, out: Path, plots: list[Path]) -> None:
                       "articles' paragraphs (log-likelihood scoring, unmodified model); the depth is taken at the "
                       "nearest paragraph boundary. Haystacks left out: "
                       + md_escape(", ".join(f"{r} {n}" for r, n in lo.items() if n) or "none") + ".")
+        if h.get("verdicts"):
+            vrows = []
+            def pm(x):  # noqa: E306
+                return ("+" if x > 0 else "") + V.minus_signed(x)
+            for v in h["verdicts"]:
+                u, t = v.get("u_shape"), v.get("trend")
+                vrows.append([f"{v['length']:,}", f"{v['questions']:,}",
+                              "–" if v.get("effect") is None else f"{pm(v['effect'])} [{V.ci_words(v['ci'])}]",
+                              "–" if not u else f"{pm(u['effect'])} ({u['edge']}) [{V.ci_words(u['ci'])}]",
+                              "–" if not t else f"{pm(t['slope'])} [{V.ci_words(t['ci'])}]",
+                              V.EVIDENCE_WORDS[v["evidence"]]])
+            doc.table(["haystack tokens", "questions", "shallowest − deepest [95% CI]",
+                       "middle − best edge [95% CI]", "trend per depth step [95% CI]", "evidence"], vrows)
+            doc.paragraph("Per length, the verdict over depths, paired over the questions whose haystack has every "
+                          "depth (bootstrap over questions), as the multi-document verdict is over positions.")
     doc.heading("Setup")
     st = res["set"]
     left = st.get("left_out", {})

@@ -55,7 +55,7 @@ def run(lm, tmp_path, out="diag", **kw):
 
 
 def test_every_question_at_every_position_with_both_scorings_and_mitigations(lm, tmp_path):
-    res = run(lm, tmp_path, mitigations=("reorder", "mspoe"), lengths=(40,), depths=(0.0, 1.0))
+    res = run(lm, tmp_path, mitigations=("reorder", "mspoe"), lengths=(80,), depths=(0.0, 1.0))
     out = tmp_path / "diag"
     assert {p.name for p in out.iterdir()} - {".posbias-output"} <= D.OUTPUTS
     for name in ("diagnosis.md", "diagnosis.html", "diagnosis.json", "run_info.json", "scores.json",
@@ -80,9 +80,18 @@ def test_every_question_at_every_position_with_both_scorings_and_mitigations(lm,
         assert set(res["mitigation_effects"][m]) == {"reorder", "mspoe"}
     v = res["verdicts"]["loglik"]["original"]
     assert v["effect"] == pytest.approx(np.mean(100 * np.exp(lp[:, 0])) - np.mean(100 * np.exp(lp[:, -1])))
-    assert res["heatmap"]["lengths"] == [40]
+    h = res["heatmap"]
+    assert h["lengths"] == [80]
+    # per length, the verdict over depths is paired over the haystacks that have every depth: its curve is
+    # the cells' means when every haystack is complete, and shallowest − deepest is their difference
+    (hv,) = h["verdicts"]
+    cells = h["cells"][0]
+    assert hv["length"] == 80 and hv["questions"] == cells[0]["n"] == cells[1]["n"] > 0
+    assert [c["score"] for c in hv["curve"]] == pytest.approx([c["score"] for c in cells])
+    assert hv["effect"] == pytest.approx(cells[0]["score"] - cells[1]["score"])
     md = (out / "diagnosis.md").read_text()
     assert "Mitigations against the unmodified model" in md and "Depth × length" in md
+    assert "shallowest − deepest" in md
     assert res["verdict_lines"][0].startswith("Position diagnosis of tiny-gemma")
     info = json.loads((out / "run_info.json").read_text())
     assert info["command"] == "diagnose generation" and info["k"] == 3 and "versions" in info
