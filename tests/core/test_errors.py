@@ -8,7 +8,7 @@ from posbias.errors import ConfigError, did_you_mean
 from posbias.experiment import load_experiment
 from posbias.qa.config import QAConfig
 
-from helpers import run_cli, tiny_config
+from helpers import cli_here, tiny_config
 
 
 def test_did_you_mean():
@@ -103,5 +103,5 @@ def test_a_misspelled_experiment_key_names_the_closest(tmp_path, change, message
 
 
 def test_cli_exits_2_with_one_line_naming_the_closest_key(tmp_path):
-    r = run_cli("train", "qa", "-c", "tiny", "train.lrr=1e-4", f"train.output_dir={tmp_path / 'run'}")
+    r = cli_here("train", "qa", "-c", "tiny", "train.lrr=1e-4", f"train.output_dir={tmp_path / 'run'}")
     assert r.returncode == 2 and r.stderr == "posbias: error: unknown config key train.lrr; did you mean train.lr?\n"

@@ -10,7 +10,7 @@ from posbias.config import build_config
 from posbias.errors import ConfigError, DataError, PosbiasError
 from posbias.outputs import write_marker
 
-from helpers import DEMO_DEV, run_cli, save_tiny_checkpoints
+from helpers import DEMO_DEV, cli_here, run_cli, save_tiny_checkpoints
 
 WORDS = ["the", "cat", "sat", "on", "the", "mat"] * 120  # 720 words: more tokens than the 512 positions
 
@@ -165,7 +165,7 @@ def test_cli_predict_into_a_file_is_one_line(models, tmp_path, capsys):
 
 
 def test_cli_score_qa_missing_predictions(tmp_path):
-    r = run_cli("score", "qa", "--data", DEMO_DEV, "--predictions", str(tmp_path / "nope.json"))
+    r = cli_here("score", "qa", "--data", DEMO_DEV, "--predictions", str(tmp_path / "nope.json"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"{tmp_path / 'nope.json'}: cannot read file: no such file" in r.stderr
 

@@ -17,7 +17,7 @@ from posbias.checkpoint import load_checkpoint, save_checkpoint
 from posbias.config import RESOURCES, build_config, config_from
 from posbias.errors import ConfigError
 
-from helpers import DEMO_DEV, run_cli, tiny_config
+from helpers import DEMO_DEV, cli_here, run_cli, tiny_config
 
 DATA = {"qa": DEMO_DEV, "tagging": "demo:wnut-dev"}
 
@@ -205,7 +205,7 @@ def test_export_refuses_its_source_and_existing_paths(folders, tmp_path):
         posbias.export(ck, occupied)
     existing = tmp_path / "model.bin"
     existing.write_bytes(b"mine")
-    r = run_cli("export", "--model", str(ck), "--out", str(existing))
+    r = cli_here("export", "--model", str(ck), "--out", str(existing))
     assert r.returncode == 2 and "already exists" in r.stderr, r.stderr[-2000:]
     assert_one_line_naming(r.stderr, existing)
     # Nothing was touched, and the source still loads.

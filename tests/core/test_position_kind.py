@@ -16,7 +16,7 @@ from posbias.perturb import build_perturbations
 from posbias.perturb.position_shift import shift_effect
 from posbias.tagging.model import TaggerModel
 
-from helpers import run_cli
+from helpers import cli_here
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
 DEBERTA_RELATIVE = {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_biased_input": False}
@@ -140,7 +140,7 @@ def test_training_refuses_rpp_on_a_rotary_encoder_api_and_cli(tmp_path):
                  "data.max_train_examples=16", "data.max_eval_examples=8"]
     with pytest.raises(ConfigError, match=r"^perturb\[0\]: roformer uses rotary positions \(config rotary_value\)"):
         posbias.train(config_from("tiny_tagging", overrides), progress=False)
-    r = run_cli("train", "tagging", "-c", "tiny_tagging", *overrides)
+    r = cli_here("train", "tagging", "-c", "tiny_tagging", *overrides)
     assert r.returncode == 2, r.stderr
     last = r.stderr.strip().splitlines()
     assert len(last) == 1 and last[0].startswith("posbias: error: perturb[0]: roformer uses rotary positions "

@@ -7,7 +7,7 @@ import posbias
 from posbias.config import build_config
 from posbias.errors import ConfigError
 
-from helpers import tiny_config
+from helpers import cli_here, tiny_config
 
 
 def test_report_to_tensorboard_writes_event_files(tmp_path):
@@ -76,7 +76,7 @@ def test_label_set_mismatch_is_named_and_mappable(tmp_path):
     m = posbias.evaluate(best, str(other), task="tagging", progress=False,
                          overrides=["data.label_map={person: PER, location: LOC}"])
     assert m["entities"] == 2 and set(m["per_class"]) <= {"PER", "LOC"}  # gold mapped onto the model's names
-    r = run_cli("evaluate", "tagging", "--model", best, "--data", str(other))
+    r = cli_here("evaluate", "tagging", "--model", best, "--data", str(other))
     assert r.returncode == 2 and "data.label_map" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     dropped = posbias.evaluate(best, str(other), task="tagging", progress=False,
                                overrides=["data.label_map={person: PER, location: O}"])

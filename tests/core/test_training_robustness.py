@@ -13,7 +13,7 @@ from posbias.config import build_config
 from posbias.errors import ConfigError, DataError, TrainingError
 from posbias.tagging.conll import read_conll
 
-from helpers import DEMO_DEV, INTERRUPT, run_cli, tiny_config
+from helpers import DEMO_DEV, INTERRUPT, cli_here, run_cli, tiny_config
 
 SECTIONS = dict(train={"max_steps": 5, "save_every": 1}, data={"eval_file": None})
 
@@ -180,7 +180,7 @@ def test_nonsense_training_settings_are_refused(override, message):
     ("train.seed=-1", "train.seed must be in"),
 ])
 def test_cli_bad_overrides_are_one_line_exit_2(tmp_path, override, message):
-    r = run_cli("train", "qa", "-c", "tiny", f"train.output_dir={tmp_path / 'o'}", override)
+    r = cli_here("train", "qa", "-c", "tiny", f"train.output_dir={tmp_path / 'o'}", override)
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert __import__("re").search(message, r.stderr), r.stderr
@@ -189,7 +189,7 @@ def test_cli_bad_overrides_are_one_line_exit_2(tmp_path, override, message):
 def test_non_utf8_config_is_named(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_bytes("train:\n  lr: 1e-4  # caf\xe9\n".encode("latin-1"))
-    r = run_cli("train", "qa", "-c", str(bad))
+    r = cli_here("train", "qa", "-c", str(bad))
     assert r.returncode == 2 and f"{bad}: not UTF-8" in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
@@ -223,7 +223,7 @@ def test_output_dir_that_is_a_file_or_under_one(tmp_path):
         cfg = build_config(tiny_config(tmp_path, train={"output_dir": str(out)}))
         with pytest.raises(ConfigError, match=f"train.output_dir {out} {message}"):
             posbias.train(cfg, progress=False)
-    r = run_cli("train", "qa", "-c", "tiny", f"train.output_dir={f}")
+    r = cli_here("train", "qa", "-c", "tiny", f"train.output_dir={f}")
     assert r.returncode == 2 and "is an existing file" in r.stderr, r.stderr
 
 

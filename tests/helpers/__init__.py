@@ -1,5 +1,5 @@
 """What test files share besides fixtures: the tiny encoder and config, the bundled demo files, the
-CLI in a subprocess, tiny checkpoints and models, scale-relative numeric checks, the interrupting
+CLI in a subprocess (`run_cli`) or in this process for its one-line refusals (`cli_here`), tiny checkpoints and models, scale-relative numeric checks, the interrupting
 perturbation of the resume tests; the device rule's constants (`helpers.devices`).
 
 Import from here (`from helpers import tiny_config`): tests/ is on sys.path (pyproject.toml's
@@ -34,6 +34,25 @@ def run_cli(*args, gpu: bool = False, env: dict | None = None, **kw) -> subproce
     unless `gpu` (helpers.devices); `env`: more environment variables."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **({} if gpu else CPU_ONLY_ENV), **(env or {})}
     return subprocess.run([str(BIN / "posbias"), *args], capture_output=True, text=True, env=env, timeout=300, **kw)
+
+
+def cli_here(*args) -> subprocess.CompletedProcess:
+    """`posbias ARGS` in this process, its exit code and output captured as `run_cli` returns them: for an
+    answer that comes before any model is trained, loaded on a device or written (a refused argument,
+    config or file), where a subprocess would only add a start-up of Python and torch. Anything the
+    CLI does not answer in one line propagates and fails the test."""
+    import contextlib
+    import io
+
+    from posbias.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # argparse's errors
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return subprocess.CompletedProcess(["posbias", *map(str, args)], code or 0, out.getvalue(), err.getvalue())
 
 
 def tiny_config(tmp_path=None, **sections) -> dict:

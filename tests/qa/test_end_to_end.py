@@ -14,7 +14,7 @@ import posbias
 from posbias.cli import SUBCOMMANDS
 from posbias.config import build_config
 
-from helpers import BIN, DEMO_DEV, INTERRUPT, demo_v2_file, relative_error, run_cli, tiny_config
+from helpers import BIN, DEMO_DEV, INTERRUPT, cli_here, demo_v2_file, relative_error, run_cli, tiny_config
 
 
 
@@ -110,7 +110,7 @@ def test_cli_bad_data_names_file_and_record(trained, tmp_path):
     bad.write_text(json.dumps({"version": "1.1", "data": [{"title": "T", "paragraphs": [{
         "context": "Some text.", "qas": [{"id": "q-bad", "question": "What?",
                                            "answers": [{"text": "nothing", "answer_start": 0}]}]}]}]}))
-    r = run_cli("evaluate", "qa", "--model", str(run / "best"), "--data", str(bad))
+    r = cli_here("evaluate", "qa", "--model", str(run / "best"), "--data", str(bad))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert str(bad) in r.stderr and "q-bad" in r.stderr
 

@@ -9,7 +9,7 @@ from posbias.errors import DataError
 from posbias.tagging.columns import known_share, matching_column, other_columns
 from posbias.tagging.readers import read_tagging
 
-from helpers import run_cli
+from helpers import cli_here
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tagging"
 CONLL03 = str(FIXTURES / "conll03_style.txt")  # word POS chunk NER
@@ -82,6 +82,6 @@ def test_bad_entity_tags_are_still_per_sentence_errors():
 
 
 def test_cli_names_its_own_flag():
-    r = run_cli("data", "stats", "--data", CONLL03, "--tag-column", "1", "--scheme", "iob2")
+    r = cli_here("data", "stats", "--data", CONLL03, "--tag-column", "1", "--scheme", "iob2")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "set --tag-column N to one of them" in r.stderr and "data.tag_column" not in r.stderr

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 import posbias
 from posbias.config import build_config, config_from
 
-from helpers import BIN, CPU_ONLY_ENV, INTERRUPT, run_cli
+from helpers import BIN, CPU_ONLY_ENV, INTERRUPT, cli_here, run_cli
 
 
 
@@ -90,11 +90,11 @@ def test_export_and_wrong_task_errors(trained, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "hf" / "config.json").read_text(encoding="utf-8"))["architectures"] == [
         "BertForTokenClassification"]
-    r = run_cli("evaluate", "qa", "--model", str(run / "best"), "--data", "demo:dev")
+    r = cli_here("evaluate", "qa", "--model", str(run / "best"), "--data", "demo:dev")
     assert r.returncode == 2 and "is a tagging model, not a qa one" in r.stderr
-    r = run_cli("train", "qa", "-c", "tiny_tagging")
+    r = cli_here("train", "qa", "-c", "tiny_tagging")
     assert r.returncode == 2 and "posbias train tagging" in r.stderr
-    r = run_cli("predict", "tagging", "--model", str(run / "best"))
+    r = cli_here("predict", "tagging", "--model", str(run / "best"))
     assert r.returncode == 2 and "--text or --data" in r.stderr
 
 

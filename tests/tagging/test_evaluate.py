@@ -13,7 +13,7 @@ from posbias.tagging.evaluate import align_labels
 from posbias.tagging.model import generic_label_names, scheme_of_labels
 from posbias.tagging.inputs import read_for
 
-from helpers import SHARED_DATA, run_cli
+from helpers import SHARED_DATA, cli_here, run_cli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tagging"
 CONLL03 = str(FIXTURES / "conll03_style.txt")  # word POS chunk NER, IOB1
@@ -68,7 +68,7 @@ def test_generic_names_on_entity_data_name_config_json(hf_folder, tmp_path):
         assert msg.startswith(f"{hf_folder / 'config.json'}: the label names (id2label) are generic, LABEL_0..LABEL_8")
         assert "B-PER" in msg and "set id2label and label2id" in msg and "predicts" not in msg
         assert "label_map" not in msg  # an entity tag's prefix cannot be mapped onto a placeholder
-    r = run_cli("evaluate", "tagging", "--model", str(hf_folder), "--data", CONLL03)
+    r = cli_here("evaluate", "tagging", "--model", str(hf_folder), "--data", CONLL03)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "LABEL_0..LABEL_8" in r.stderr and "config.json" in r.stderr
 
