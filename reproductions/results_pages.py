@@ -321,7 +321,10 @@ def main(argv=None) -> int:
     for rel, text in pages(summary).items():
         target = Path(args.out) / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+        if isinstance(text, bytes):  # a row's figure
+            target.write_bytes(text)
+        else:
+            target.write_text(text, encoding="utf-8")
         print(target)
     return 0
 

@@ -28,7 +28,20 @@ PAPERS = ["random-padding", "map", "token-positional-bias", "dyref", "first-sent
 
 @pytest.fixture(scope="module")
 def pages() -> dict[str, str]:
-    return rp.pages()
+    """The Markdown pages (the rows' figures are checked in test_the_rows_figures_are_copied_beside_the_pages)."""
+    return {k: v for k, v in rp.pages().items() if k.endswith(".md")}
+
+
+def test_the_rows_figures_are_copied_beside_the_pages_and_shown_by_their_row():
+    everything = rp.pages()
+    figures = {k: v for k, v in everything.items() if not k.endswith(".md")}
+    shown = [(row, f) for row in SUMMARY["rows"] for f in row.get("figures") or []]
+    assert shown, "the Lost-in-the-middle row shows the depth x length heatmap"
+    for row, f in shown:
+        key = next(k for k in figures if k.endswith(f"{Path(f['diagnosis']).name}-{Path(f['file']).name}"))
+        assert figures[key] == (ROOT / f["diagnosis"] / f["file"]).read_bytes() and figures[key][:4] == b"\x89PNG"
+        page = everything[f"results/{row['paper']}.md"]
+        assert key.removeprefix("results/") in page and _flat(f["caption"]) in _flat(page), key
 
 
 def _flat(text: str) -> str:
@@ -95,7 +108,7 @@ def test_the_hand_written_notes_are_not_rendered(pages):
 
 def test_out_writes_the_pages(tmp_path):
     assert rp.main(["--out", str(tmp_path)]) == 0
-    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.md"))
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert written == sorted(rp.pages())
 
 
