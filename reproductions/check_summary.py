@@ -40,6 +40,9 @@ Optional keys: dataset (the store's data set name), baseline (another method tha
 only (shell patterns of run names, as `experiment report --only`). The value is formatted with the
 digits `text` shows; a leading + is kept, and "−" (U+2212) reads as "-".
 
+A check of the per-copy table (F1(α) on trained and untrained position ids, from a store's per-copy
+scores): {store, copies: {method, alpha}, stat: trained_share | trained.delta | untrained.ci_low | ..., text}.
+
 A check of one of the row's primary tests: {primary: 0, stat: diff | p | p_holm | p_size | ci_low |
 ci_high | n, text: ...} (the test's index in the row's `primary` list; p one-sided in the paper's
 direction, p_holm over the paper's primary tests, p_size one-sided against the paper's effect).
@@ -105,6 +108,8 @@ def value(check: dict, primaries: list[dict] | None = None) -> float:
         return _diagnosis_value(check)
     if "curve" in check:
         return _curve_value(check)
+    if "copies" in check:
+        return _copies_value(check)
     only = tuple(check["only"]) if check.get("only") else None
     rows = [r for r in _rows(check["store"], check.get("baseline"), only)
             if r["eval_set"] == check["eval_set"] and r["metric"] == check["metric"]
@@ -147,6 +152,31 @@ def _curve_value(check: dict) -> float:
     return float(x) * (100 if check.get("percent") else 1)
 
 
+def _copies_value(check: dict) -> float:
+    """A number of the report's "F1(α) on trained and untrained position ids" table
+    (`posbias.tagging.copies.copy_rows`), recomputed from the store's per-copy scores and position-update
+    curves: `copies` {method, alpha, eval_set (optional)}; stat trained_share, or PART.delta / PART.ci_low /
+    PART.ci_high with PART trained or untrained."""
+    from posbias.tagging.copies import copy_rows
+
+    want = check["copies"]
+    rows = [r for r in copy_rows(_store(check["store"])) if r["method"] == want["method"]
+            and r["alpha"] == int(want["alpha"]) and ("eval_set" not in want or r["eval_set"] == want["eval_set"])]
+    if len(rows) != 1:
+        raise LookupError(f"{len(rows)} per-copy rows for {_where(check)}")
+    stat = check.get("stat", "")
+    if stat == "trained_share":
+        return float(rows[0]["trained_share"])
+    part, _, key = stat.partition(".")
+    if part not in ("trained", "untrained") or key not in ("delta", "ci_low", "ci_high"):
+        raise LookupError(f"per-copy stat {stat!r} is not trained_share or (un)trained.delta/ci_low/ci_high")
+    cell = rows[0][part]
+    x = cell["delta"] if key == "delta" else cell["ci"][0 if key == "ci_low" else 1]
+    if x is None:
+        raise LookupError(f"no {stat} for {_where(check)}")
+    return float(x)
+
+
 @lru_cache(maxsize=None)
 def _store(store: str) -> dict:
     return load_results(ROOT / store)
@@ -181,6 +211,9 @@ def _where(check: dict) -> str:
         return f"secondary test {t.get('label') or t.get('method')} ({t.get('store') or t.get('diagnosis')})"
     if "curve" in check:
         return f"{check['store']} {check['run']} {check['curve']}"
+    if "copies" in check:
+        c = check["copies"]
+        return f"{check['store']} per-copy {c.get('method')} copy {c.get('alpha')}"
     if "diagnosis" in check:
         return f"{check['diagnosis']}/diagnosis.json {check['key']}"
     parts = [check["store"], check.get("dataset"), check["eval_set"], check["metric"], check["method"]]

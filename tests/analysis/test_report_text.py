@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from helpers import demo_v2_file, run_cli, tiny_config
+from helpers import cli_here, demo_v2_file, tiny_config
 from posbias.config import RESOURCES
 from posbias.render import md_table
 from posbias.render import md_escape, plot_text
@@ -247,8 +247,8 @@ def test_a_non_finite_no_answer_probability_is_one_line_exit_2(tmp_path, value):
     probs = {e.id: 0.5 for e in examples}
     text = json.dumps(probs).replace("0.5", value, 1)  # the first question's probability
     (tmp_path / "na.json").write_text(text, encoding="utf-8")
-    r = run_cli("score", "qa", "--data", str(data), "--predictions", str(tmp_path / "pred.json"),
-                "--na-probs", str(tmp_path / "na.json"))
+    r = cli_here("score", "qa", "--data", str(data), "--predictions", str(tmp_path / "pred.json"),
+                 "--na-probs", str(tmp_path / "na.json"))
     assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr[-2000:])
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "na.json" in lines[0] and examples[0].id in lines[0] and "finite" in lines[0]

@@ -197,6 +197,7 @@ FROZEN_GRIDS = {
     'archived/tpb_conll_full': 'f4afbac2b21df24c',
     'archived/rp_squad_d50_3ep_reinit': 'f936e0cf25ca3f11',  # the capped, augment and lr 3e-5 arms joined the spec
     'archived/tpb_conll_authors_reinit': '9aa3f6a65963903e',
+    'archived/tpb_conll_authors_reinit_copies': '9aa3f6a65963903e',  # the same spec: baseline and CP re-run with per-copy scores
 }
 # Finished runs of each archived store that `experiment run docs/experiments/<name>/experiment.yaml`
 # skips (spec's hash == recorded hash), of the finished runs the store holds. The others were
@@ -209,6 +210,7 @@ SKIPPED = {
     "tpb_conll_authors": (15, 15), "tpb_ewt_authors": (15, 15), "first_sentence_alpha": (6, 6),
     "rp_full": (2, 2), "tpb_conll_full": (2, 2), "rp_squad_d50": (9, 9), "rp_squad_d50_3ep": (6, 6),
     "dyref_full_cpu": (2, 2), "rp_squad_d50_3ep_reinit": (12, 12), "tpb_conll_authors_reinit": (9, 9),
+    "tpb_conll_authors_reinit_copies": (6, 6),
     "map_e_forward": (3, 6),  # its map_e_forward runs name their checkpoint by path ({output_dir}), part of their hash
 }
 

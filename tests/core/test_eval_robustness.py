@@ -10,7 +10,7 @@ from posbias.config import build_config
 from posbias.errors import ConfigError, DataError, PosbiasError
 from posbias.outputs import write_marker
 
-from helpers import DEMO_DEV, cli_here, run_cli, save_tiny_checkpoints
+from helpers import DEMO_DEV, cli_here, save_tiny_checkpoints
 
 WORDS = ["the", "cat", "sat", "on", "the", "mat"] * 120  # 720 words: more tokens than the 512 positions
 
@@ -64,8 +64,8 @@ def test_check_max_seq_len_allows_the_whole_table(models):
 
 
 def test_cli_evaluate_tagging_long_max_seq_len_is_one_line(models, long_data):
-    r = run_cli("evaluate", "tagging", "--model", models["tagging"], "--data", long_data["tagging"],
-                "data.max_seq_len=1024")
+    r = cli_here("evaluate", "tagging", "--model", models["tagging"], "--data", long_data["tagging"],
+                 "data.max_seq_len=1024")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [f"posbias: error: {TOO_LONG}".replace("\\", "")]
 

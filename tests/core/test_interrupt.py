@@ -152,6 +152,9 @@ def test_a_first_signal_waits_for_the_loop_and_a_second_one_does_not():
         pass
 
     old = signal.signal(signal.SIGTERM, mine)
+    # SIGINT as an interactive Python has it: a suite started in the background from a non-interactive
+    # shell (`make test &`) inherits it ignored, and an ignored signal stays ignored (the next test).
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with stop_on_signals() as stop:
             with pytest.raises(Interrupted) as now:  # outside `deferred` (a run's setup): at once
@@ -170,6 +173,7 @@ def test_a_first_signal_waits_for_the_loop_and_a_second_one_does_not():
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGINT, old_int)
 
 
 def test_an_ignored_signal_stays_ignored():

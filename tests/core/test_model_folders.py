@@ -17,7 +17,7 @@ from posbias.checkpoint import load_checkpoint, save_checkpoint
 from posbias.config import RESOURCES, build_config, config_from
 from posbias.errors import ConfigError
 
-from helpers import DEMO_DEV, cli_here, run_cli, tiny_config
+from helpers import DEMO_DEV, cli_here, tiny_config
 
 DATA = {"qa": DEMO_DEV, "tagging": "demo:wnut-dev"}
 
@@ -164,7 +164,7 @@ def test_cli_model_without_tokenizer_exits_2(folders, tmp_path, args):
     """The issue's report: every word [UNK], F1 0.0, exit 0 — a 5-token fallback vocabulary."""
     folder = copy(folders, args[1], tmp_path)
     remove("tokenizer*")(folder)
-    r = run_cli(*args[:2], "--model", str(folder), *args[2:])
+    r = cli_here(*args[:2], "--model", str(folder), *args[2:])
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.startswith("posbias: error: ") and "no tokenizer files" in r.stderr
     assert_one_line_naming(r.stderr, folder)

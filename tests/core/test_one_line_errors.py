@@ -12,7 +12,7 @@ import sqlite3
 
 import pytest
 import yaml
-from helpers import DEMO_DEV, run_cli
+from helpers import DEMO_DEV, cli_here, run_cli
 from transformers import BertConfig
 
 from posbias.config import RESOURCES
@@ -40,11 +40,11 @@ def test_no_answer_probabilities_for_a_v1_file(tmp_path):
     gold = read_qa(DEMO_DEV).gold()  # SQuAD v1.1: every question answerable
     preds.write_text(json.dumps({q: "" for q in gold}), encoding="utf-8")
     probs.write_text(json.dumps({q: 0.5 for q in gold}), encoding="utf-8")
-    line = one_line(run_cli("score", "qa", "--data", DEMO_DEV, "--predictions", str(preds), "--na-probs", str(probs)),
+    line = one_line(cli_here("score", "qa", "--data", DEMO_DEV, "--predictions", str(preds), "--na-probs", str(probs)),
                     str(probs), DEMO_DEV, "v2.0")
     assert "no unanswerable question" in line
-    one_line(run_cli("score", "qa", "--data", DEMO_DEV, "--predictions", str(preds), "--na-probs", str(probs),
-                     "--version", "1.1"), "--version 1.1")
+    one_line(cli_here("score", "qa", "--data", DEMO_DEV, "--predictions", str(preds), "--na-probs", str(probs),
+                      "--version", "1.1"), "--version 1.1")
 
 
 # ---------------------------------------------------------------------------------- spec placeholders
@@ -97,8 +97,8 @@ def test_a_modules_json_entry_outside_sentence_transformers_is_refused_before_lo
     modules = json.loads(json.dumps(GOOD_MODULES))
     modules[1][field] = value
     folder = st_folder(tmp_path, modules)
-    r = run_cli("diagnose", "retrieval", "--model", folder, "--data", "demo:dev", "--output-dir", str(tmp_path / "o"),
-                "--no-bm25", "--device", "cpu")
+    r = cli_here("diagnose", "retrieval", "--model", folder, "--data", "demo:dev", "--output-dir", str(tmp_path / "o"),
+                 "--no-bm25", "--device", "cpu")
     one_line(r, f"{folder}/modules.json", "module '1'", repr(value))
     assert not (tmp_path / "o").exists()
 
@@ -166,7 +166,7 @@ def test_a_store_row_that_is_not_json_names_the_store_and_the_run(tmp_path):
                          "(?, ?, ?, ?, ?, ?)", (name, "base", int(name[-1]), json.dumps({"task": "qa"}), "finished",
                                                 metrics))
     conn.close()
-    one_line(run_cli("experiment", "report", str(exp), "--bootstrap-samples", "0"), str(db), "'base/seed2'",
+    one_line(cli_here("experiment", "report", str(exp), "--bootstrap-samples", "0"), str(db), "'base/seed2'",
              "metrics_json is not valid JSON")
     assert not (exp / "report.md").exists() and not (exp / "plots").exists()
 

@@ -20,7 +20,7 @@ from posbias.config import PRESETS
 from posbias.errors import ConfigError
 from posbias.experiment import aggregate, load_experiment, load_results
 
-from helpers import CPU_ONLY_ENV
+from helpers import cli_here
 
 SMOKE = PRESETS / "experiments" / "smoke.yaml"
 BIN = Path(sys.executable).parent
@@ -196,9 +196,8 @@ def test_report_of_a_selection_against_another_baseline(smoke, tmp_path):
         load_results(exp_dir, only=["nope/*"])
     with pytest.raises(ConfigError, match="--baseline nope: no runs"):
         load_results(exp_dir, baseline="nope")
-    r = subprocess.run([str(BIN / "posbias"), "experiment", "report", str(exp_dir), "--only", "*/seed2",
-                        "--baseline", "all_token_softmax", "--output-dir", str(tmp_path / "cli"),
-                        "--bootstrap-samples", "200"], capture_output=True, text=True, timeout=300)
+    r = cli_here("experiment", "report", str(exp_dir), "--only", "*/seed2", "--baseline", "all_token_softmax",
+                 "--output-dir", str(tmp_path / "cli"), "--bootstrap-samples", "200")
     assert r.returncode == 0, r.stderr
     assert "Runs selected with --only \\*/seed2." in (tmp_path / "cli" / "report.md").read_text(encoding="utf-8")
 
@@ -206,8 +205,7 @@ def test_report_of_a_selection_against_another_baseline(smoke, tmp_path):
 def test_cli_dry_run_prints_commands(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(smoke_spec(tmp_path), sort_keys=False))
-    r = subprocess.run([str(BIN / "posbias"), "experiment", "run", str(spec), "--dry-run"], capture_output=True,
-                       text=True, timeout=120)
+    r = cli_here("experiment", "run", str(spec), "--dry-run")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     # Each line: the run, its config hash, and the job command that runs it alone under its lock
@@ -567,8 +565,7 @@ def test_only_runs_the_matching_runs(tmp_path):
         posbias.experiment_run(spec, dry_run=True, only=["nope/*"])
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
-    r = subprocess.run([str(BIN / "posbias"), "experiment", "run", str(spec_file), "--dry-run", "--only",
-                        f"{next(iter(spec['methods']))}/*"], capture_output=True, text=True, timeout=120)
+    r = cli_here("experiment", "run", str(spec_file), "--dry-run", "--only", f"{next(iter(spec['methods']))}/*")
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.strip().splitlines()) == 2
 

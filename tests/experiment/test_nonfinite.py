@@ -1,8 +1,6 @@
 """A store whose run holds NaN or inf in its metrics is refused in one line naming the store and the
 run, before any mean, t-test or report is made of it (`aggregation.load_results`)."""
 import json
-import os
-import subprocess
 from contextlib import closing
 
 import pytest
@@ -11,7 +9,7 @@ from posbias.errors import ConfigError
 from posbias.experiment import load_results
 from posbias.experiment.store import connect
 
-from helpers import BIN, CPU_ONLY_ENV
+from helpers import cli_here
 
 GOOD = {"val": {"exact_match": 50.0, "f1": 60.0, "total": 4}}
 
@@ -42,9 +40,7 @@ def test_a_run_with_non_finite_metrics_is_refused_naming_store_and_run(tmp_path,
 def test_the_report_command_refuses_it_in_one_line_with_exit_2(tmp_path):
     db = make_store(tmp_path, json.dumps({"val": {**GOOD["val"], "f1": float("nan")}}))
     out = tmp_path / "report"
-    r = subprocess.run([str(BIN / "posbias"), "experiment", "report", str(tmp_path), "--output-dir", str(out)],
-                       capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **CPU_ONLY_ENV})
+    r = cli_here("experiment", "report", str(tmp_path), "--output-dir", str(out))
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr == f"posbias: error: {db}: run 'base/seed2': its metrics_json holds nan at val.f1; a metric " \
                        "is a finite number, and a mean or t-test over this one would print it as a finding\n"

@@ -18,7 +18,7 @@ from posbias.config import PRESETS
 from posbias.errors import ConfigError
 from posbias.experiment import copy_results, load_results
 
-from helpers import BIN, CPU_ONLY_ENV
+from helpers import BIN, CPU_ONLY_ENV, cli_here
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the tests hold locks with POSIX processes")
 
@@ -175,8 +175,7 @@ def test_an_unreadable_store_is_named_with_the_way_out(recorded, tmp_path):
         copy_results(exp_dir, tmp_path / "archive")
     with pytest.raises(ConfigError, match=message):
         copy_results(src, exp_dir)
-    r = subprocess.run([str(BIN / "posbias"), "experiment", "report", str(exp_dir)], capture_output=True,
-                       text=True, env=ENV, timeout=120)
+    r = cli_here("experiment", "report", str(exp_dir))
     assert r.returncode == 2 and r.stderr.startswith(f"posbias: error: {db} is not a readable experiment store")
     assert len(r.stderr.strip().splitlines()) == 1
 

@@ -37,10 +37,11 @@ def run_cli(*args, gpu: bool = False, env: dict | None = None, **kw) -> subproce
 
 
 def cli_here(*args) -> subprocess.CompletedProcess:
-    """`posbias ARGS` in this process, its exit code and output captured as `run_cli` returns them: for an
-    answer that comes before any model is trained, loaded on a device or written (a refused argument,
-    config or file), where a subprocess would only add a start-up of Python and torch. Anything the
-    CLI does not answer in one line propagates and fails the test."""
+    """`posbias ARGS` in this process, its exit code and output captured as `run_cli` returns them: for a
+    refusal (an argument, config or file) or a short command whose output and files the test reads, where
+    a subprocess would only add a start-up of Python and torch. What only a fresh process shows stays with
+    `run_cli`: stdin, signals, plug-ins found through entry points, hidden GPUs, a library writing to the
+    process's own stderr. Anything the CLI does not answer propagates and fails the test."""
     import contextlib
     import io
 

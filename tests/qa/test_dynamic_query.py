@@ -254,7 +254,7 @@ def test_explain_attention_writes_the_map(tmp_path):
     import json
 
     import posbias
-    from helpers import run_cli
+    from helpers import cli_here
 
     cfg = build_config(tiny_config(tmp_path, model={"head": "dynamic_query"}, train={"max_steps": 2}))
     posbias.train(cfg, progress=False)
@@ -283,13 +283,13 @@ def test_explain_attention_writes_the_map(tmp_path):
         example_attention(model, tok, mcfg, "Where is the book?", ctx2, "on the desk", answer_start=1)
     png = (tmp_path / "ex" / "attention.png").read_bytes()
     assert png[:4] == b"\x89PNG" and json.loads((tmp_path / "ex" / "attention.json").read_text())["tokens"] == res["tokens"]
-    r = run_cli("explain", "attention", "--model", str(tmp_path / "run" / "best"), "--question", "Where?",
-                "--context", ctx, "--output-dir", str(tmp_path / "ex2"))
+    r = cli_here("explain", "attention", "--model", str(tmp_path / "run" / "best"), "--question", "Where?",
+                 "--context", ctx, "--output-dir", str(tmp_path / "ex2"))
     assert r.returncode == 0 and (tmp_path / "ex2" / "attention.png").is_file(), r.stderr[-2000:]
     plain = build_config(tiny_config(tmp_path / "plain", train={"max_steps": 1}))
     posbias.train(plain, progress=False)
-    r = run_cli("explain", "attention", "--model", str(tmp_path / "plain" / "run" / "best"), "--question", "Where?",
-                "--context", ctx, "--output-dir", str(tmp_path / "ex3"))
+    r = cli_here("explain", "attention", "--model", str(tmp_path / "plain" / "run" / "best"), "--question", "Where?",
+                 "--context", ctx, "--output-dir", str(tmp_path / "ex3"))
     assert r.returncode != 0 and "needs a dynamic_query" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -64,12 +64,12 @@ def test_evaluate_predict_score_roundtrip(trained, tmp_path):
 
 def test_cli_predict_and_score(trained, tmp_path):
     run, _ = trained
-    r = run_cli("predict", "qa", "--model", str(run / "best"), "--question", "Where?",
-                "--context", "It happened in Paris in 1900.")
+    r = cli_here("predict", "qa", "--model", str(run / "best"), "--question", "Where?",
+                 "--context", "It happened in Paris in 1900.")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["answer"] and out["answer"] in "It happened in Paris in 1900."
-    r = run_cli("score", "qa", "--data", DEMO_DEV, "--predictions", str(run / "eval" / "predictions.json"))
+    r = cli_here("score", "qa", "--data", DEMO_DEV, "--predictions", str(run / "eval" / "predictions.json"))
     assert r.returncode == 0, r.stderr
     assert set(json.loads(r.stdout)) >= {"exact_match", "f1"}
 
@@ -99,7 +99,7 @@ def test_cli_task_subcommands(command, tasks):
     (["evaluate", "qa", "--model", "/nonexistent", "--data", DEMO_DEV], "is not a model folder"),
 ])
 def test_cli_errors_are_one_line(args, message):
-    r = run_cli(*args)
+    r = cli_here(*args)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
 

@@ -10,7 +10,7 @@ from posbias.config import build_config
 from posbias.errors import DataError
 from posbias.qa.readers import read_qa
 
-from helpers import DEMO_DEV, run_cli, tiny_config
+from helpers import DEMO_DEV, cli_here, run_cli, tiny_config
 
 QUESTIONS = [
     {"id": "norman", "question": "Who ruled Normandy?", "context": "The Normans ruled Normandy in the 10th century."},
@@ -92,7 +92,7 @@ def test_predict_answers_unlabeled_squad_and_questions_jsonl(trained, tmp_path):
     squad = posbias.predict(trained, data=unlabeled_squad(tmp_path))
     assert len(squad) == 6 and all(v["answer"] for v in squad.values())
     lines = write_jsonl(tmp_path / "q.jsonl", QUESTIONS)
-    r = run_cli("predict", "qa", "--model", str(trained), "--data", str(lines), "--output-dir", str(tmp_path / "p"))
+    r = cli_here("predict", "qa", "--model", str(trained), "--data", str(lines), "--output-dir", str(tmp_path / "p"))
     assert r.returncode == 0, r.stderr[-2000:]
     preds = json.loads((tmp_path / "p" / "predictions.json").read_text(encoding="utf-8"))
     assert set(preds) == {"norman", "line-2"} and preds["norman"] in QUESTIONS[0]["context"]
@@ -100,7 +100,7 @@ def test_predict_answers_unlabeled_squad_and_questions_jsonl(trained, tmp_path):
 
 def test_predict_on_a_bad_questions_line_is_one_line_exit_2(trained, tmp_path):
     lines = write_jsonl(tmp_path / "q.jsonl", QUESTIONS, extra='{"question": "Who?"}\n')
-    r = run_cli("predict", "qa", "--model", str(trained), "--data", str(lines))
+    r = cli_here("predict", "qa", "--model", str(trained), "--data", str(lines))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].endswith(
         f"{lines}: record 'line 3': context must be a non-empty string, got None")

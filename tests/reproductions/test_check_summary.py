@@ -180,6 +180,24 @@ def test_a_secondary_test_is_recomputed_outside_the_holm_family():
         cs.value(dict(rear, stat="p_holm"))
 
 
+def test_a_per_copy_number_is_recomputed_from_the_store():
+    """The CP control's split of F1(10) by trained and untrained position ids (the report's per-copy
+    table, from the store's per-copy scores and position-update curves): a wrong copy is caught."""
+    rows = copy.deepcopy(SUMMARY["rows"])
+    row = next(r for r in rows if r["claim"] == "Positive control: CP with untrained rear positions")
+    checks = [c for c in row["checks"] if "copies" in c]
+    assert {c["stat"] for c in checks} >= {"trained_share", "trained.delta", "untrained.delta"}
+    share = next(c for c in checks if c["stat"] == "trained_share")
+    assert 0 < cs.value(share) < 100
+    row["checks"] = [dict(c, copies=dict(c["copies"], alpha=9)) if c is share else c for c in row["checks"]]
+    problems = cs.check(dict(SUMMARY, rows=rows))
+    assert any(f"{share['text']!r} printed, the record gives" in p for p in problems), problems
+    with pytest.raises(LookupError, match="per-copy stat 'trained.p'"):
+        cs.value(dict(share, stat="trained.p"))
+    with pytest.raises(LookupError, match="0 per-copy rows"):
+        cs.value(dict(share, copies={"method": "rpp", "alpha": 10}))
+
+
 # ------------------------------------------------------------------------------ primary tests
 
 

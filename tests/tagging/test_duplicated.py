@@ -14,7 +14,7 @@ from posbias.tagging.examples import TaggingDataset, TaggingExample
 from posbias.tagging.features import separator_id, special_tokens
 from posbias.tagging.inputs import tagging_tokenizer
 
-from helpers import run_cli
+from helpers import cli_here
 
 WORDS = {"john": "B-PER", "york": "I-PER", "visited": "O", "london": "B-LOC", "berlin": "B-LOC", "the": "O",
          "city": "O", "said": "O", "she": "O", "went": "O", "to": "O", "new": "B-ORG"}
@@ -204,9 +204,9 @@ def test_diagnose_tagging_on_posbias_and_hugging_face_checkpoints(tmp_path):
     # A model trained outside posbias: its exported AutoModelForTokenClassification folder. It knows
     # no training files: the same pool is named for the same D*.
     posbias.export(best, tmp_path / "hf")
-    out = run_cli("diagnose", "tagging", "--model", str(tmp_path / "hf"), "--data", "demo:wnut-dev",
-                  "--output-dir", str(tmp_path / "diag_hf"), "--k-max", "3",
-                  "data.length_pool_files=[demo:wnut-train,demo:wnut-dev]", "--modes", "duplicate")
+    out = cli_here("diagnose", "tagging", "--model", str(tmp_path / "hf"), "--data", "demo:wnut-dev",
+                   "--output-dir", str(tmp_path / "diag_hf"), "--k-max", "3",
+                   "data.length_pool_files=[demo:wnut-train,demo:wnut-dev]", "--modes", "duplicate")
     assert out.returncode == 0, out.stderr
     hf = __import__("json").loads((tmp_path / "diag_hf" / "diagnosis.json").read_text(encoding="utf-8"))
     ours = __import__("json").loads((tmp_path / "diag" / "diagnosis.json").read_text(encoding="utf-8"))
@@ -224,8 +224,8 @@ def test_diagnose_tagging_bounds_dstar_by_the_quantiles_the_model_trained_on(tmp
     posbias.export(best, tmp_path / "hf")
 
     def used(model, name, *flags):
-        out = run_cli("diagnose", "tagging", "--model", str(model), "--data", "demo:wnut-dev", "--output-dir",
-                      str(tmp_path / name), "--k-max", "2", "--modes", "duplicate", "--bootstrap-samples", "0", *flags)
+        out = cli_here("diagnose", "tagging", "--model", str(model), "--data", "demo:wnut-dev", "--output-dir",
+                       str(tmp_path / name), "--k-max", "2", "--modes", "duplicate", "--bootstrap-samples", "0", *flags)
         assert out.returncode == 0, out.stderr
         return __import__("json").loads((tmp_path / name / "diagnosis.json").read_text(encoding="utf-8"))["subset"]["quantiles"]
 

@@ -55,15 +55,15 @@ def test_train_writes_its_files(trained):
 
 def test_evaluate_score_and_predict(trained, tmp_path):
     run, summary = trained
-    r = run_cli("evaluate", "tagging", "--model", str(run / "best"), "--data", "demo:wnut-dev",
-                "--output-dir", str(tmp_path / "ev"), "--json")
+    r = cli_here("evaluate", "tagging", "--model", str(run / "best"), "--data", "demo:wnut-dev",
+                 "--output-dir", str(tmp_path / "ev"), "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout)
     assert res["sentences"] == 150 and {"precision", "recall", "f1", "per_class"} <= set(res)
     for f in ("predictions.conll", "metrics.json", "config.yaml", "run_info.json"):
         assert (tmp_path / "ev" / f).is_file(), f
     # Scoring the written predictions without the model gives the same numbers.
-    r = run_cli("score", "tagging", "--data", "demo:wnut-dev", "--predictions", str(tmp_path / "ev" / "predictions.conll"))
+    r = cli_here("score", "tagging", "--data", "demo:wnut-dev", "--predictions", str(tmp_path / "ev" / "predictions.conll"))
     assert r.returncode == 0, r.stderr[-2000:]
     scored = json.loads(r.stdout)
     assert scored["f1"] == pytest.approx(res["f1"]) and scored["entities"] == res["entities"]
@@ -72,7 +72,7 @@ def test_evaluate_score_and_predict(trained, tmp_path):
     assert again["f1"] == pytest.approx(summary["best_f1"])
 
     text = "Yesterday Angela Merkel met Emmanuel Macron in Paris ."
-    r = run_cli("predict", "tagging", "--model", str(run / "best"), "--text", text)
+    r = cli_here("predict", "tagging", "--model", str(run / "best"), "--text", text)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["words"][:3] == ["Yesterday", "Angela", "Merkel"] and len(out["tags"]) == len(out["words"])
@@ -86,7 +86,7 @@ def test_evaluate_score_and_predict(trained, tmp_path):
 
 def test_export_and_wrong_task_errors(trained, tmp_path):
     run, _ = trained
-    r = run_cli("export", "--model", str(run / "best"), "--out", str(tmp_path / "hf"))
+    r = cli_here("export", "--model", str(run / "best"), "--out", str(tmp_path / "hf"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "hf" / "config.json").read_text(encoding="utf-8"))["architectures"] == [
         "BertForTokenClassification"]
@@ -99,7 +99,7 @@ def test_export_and_wrong_task_errors(trained, tmp_path):
 
 
 def test_data_stats(tmp_path):
-    r = run_cli("data", "stats", "--data", "demo:ewt-dev", "demo:wnut-dev", "--output-dir", str(tmp_path))
+    r = cli_here("data", "stats", "--data", "demo:ewt-dev", "demo:wnut-dev", "--output-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "150 sentences" in r.stdout and "| NOUN |" in r.stdout and "| location |" in r.stdout
     stats = json.loads((tmp_path / "stats.json").read_text(encoding="utf-8"))
@@ -126,11 +126,11 @@ def test_class_positions_by_hand():
 def test_bad_training_file_is_one_line_naming_file_and_line(tmp_path):
     bad = tmp_path / "bad.conll"
     bad.write_text("John B-PER\nlives O\n\nParis Q-LOC\n", encoding="utf-8")
-    r = run_cli("train", "tagging", "-c", "tiny_tagging", f"data.train_file={bad}", "data.eval_file=null",
-                f"train.output_dir={tmp_path / 'run'}")
+    r = cli_here("train", "tagging", "-c", "tiny_tagging", f"data.train_file={bad}", "data.eval_file=null",
+                 f"train.output_dir={tmp_path / 'run'}")
     assert r.returncode == 2 and "bad.conll" in r.stderr and "line 4" in r.stderr and "Traceback" not in r.stderr
-    r = run_cli("train", "tagging", "-c", "tiny_tagging", f"data.train_file={bad}", "data.eval_file=null",
-                "data.on_bad_record=skip", f"train.output_dir={tmp_path / 'run2'}", "train.max_steps=1")
+    r = cli_here("train", "tagging", "-c", "tiny_tagging", f"data.train_file={bad}", "data.eval_file=null",
+                 "data.on_bad_record=skip", f"train.output_dir={tmp_path / 'run2'}", "train.max_steps=1")
     assert r.returncode == 0, r.stderr[-2000:]
     info = json.loads((tmp_path / "run2" / "run_info.json").read_text(encoding="utf-8"))
     assert info["train_skipped_records"] == 1
