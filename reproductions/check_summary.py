@@ -157,10 +157,8 @@ def _copies_value(check: dict) -> float:
     (`posbias.tagging.copies.copy_rows`), recomputed from the store's per-copy scores and position-update
     curves: `copies` {method, alpha, eval_set (optional)}; stat trained_share, or PART.delta / PART.ci_low /
     PART.ci_high with PART trained or untrained."""
-    from posbias.tagging.copies import copy_rows
-
     want = check["copies"]
-    rows = [r for r in copy_rows(_store(check["store"])) if r["method"] == want["method"]
+    rows = [r for r in _copy_rows(check["store"]) if r["method"] == want["method"]
             and r["alpha"] == int(want["alpha"]) and ("eval_set" not in want or r["eval_set"] == want["eval_set"])]
     if len(rows) != 1:
         raise LookupError(f"{len(rows)} per-copy rows for {_where(check)}")
@@ -175,6 +173,14 @@ def _copies_value(check: dict) -> float:
     if x is None:
         raise LookupError(f"no {stat} for {_where(check)}")
     return float(x)
+
+
+@lru_cache(maxsize=None)
+def _copy_rows(store: str) -> tuple[dict, ...]:
+    """The store's per-copy table, computed once per store (every check of it reads the same table)."""
+    from posbias.tagging.copies import copy_rows
+
+    return tuple(copy_rows(_store(store)))
 
 
 @lru_cache(maxsize=None)
