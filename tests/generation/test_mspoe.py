@@ -274,7 +274,10 @@ def test_query_index_orders_heads_as_the_prompt_alone():
 def test_cached_decoding_equals_recomputing_the_whole_sequence(family, order):
     # a cached step keeps the prefill's head order; a full forward gets the same order from the
     # prompt's last token (query_index), so the two must agree. The sequence grows past Gemma 3's
-    # sliding window (4): its sliding cache drops keys on the way
+    # sliding window (4): its sliding cache drops keys on the way. The model is float64, but the
+    # rotary cos and sin are float32 (as the model computes them), and a one-token step and the whole
+    # sequence take different vectorised paths through them on some CPUs (AVX2 only: up to 4e-7 of
+    # the logits' scale, against 2e-2 and more when the full forward orders heads from another token): 1e-6
     model = tiny(family).double()
     ids, _ = batch((7,))
     with torch.no_grad(), ms_poe(model, layers=[1, 2, 3], order=order) as h:
@@ -285,7 +288,7 @@ def test_cached_decoding_equals_recomputing_the_whole_sequence(family, order):
             nxt = out.logits[:, -1:].argmax(-1)
             seq = torch.cat([seq, nxt], dim=1)
             out = model(input_ids=nxt, cache=out.cache, use_cache=True)
-            assert_close(out.logits[:, -1], logits(model, seq)[:, -1], 1e-10)
+            assert_close(out.logits[:, -1], logits(model, seq)[:, -1], 1e-6)
 
 
 def test_generate_keeps_the_prefill_order_and_each_row_as_if_alone():
