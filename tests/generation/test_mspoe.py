@@ -362,8 +362,12 @@ def _eager(model):
 def test_unit_ratios_give_the_real_gemma_back(gemma_cache):
     """Gemma 3 270M, two 5-document prompts of the bundled SQuAD dev slice: Ms-PoE at ratio 1 on the layers
     the diagnosis patches (global, the default) and on the authors' layers equals the unmodified model to
-    the bit in fp32 (both in eager attention), and the diagnosis's sdpa scores within 1e-4 nats per token
-    (fp32) and 0.1 (bf16, whose own rounding moves scores by about as much)."""
+    the bit in fp32 (both in eager attention), and the diagnosis's sdpa scores within 1e-4 nats per token.
+    In bf16 it stays within 0.1 nats of the fp32 scores on a 400-token prompt (measured 0.002, where bf16
+    sdpa moves the same score by 0.08): bf16 without native support (AVX2-only CPUs) takes minutes on the
+    full prompts."""
+    import dataclasses
+
     import numpy as np
 
     from helpers import DEMO_DEV
@@ -395,6 +399,7 @@ def test_unit_ratios_give_the_real_gemma_back(gemma_cache):
         assert np.abs(unit - sdpa).max() < 1e-4
     moved = scores(lm, enc, ms_poe(lm.model, layers="auto"))
     assert np.abs(moved - sdpa).max() > 1e-3  # the real ratios do change the scores
+    short = [dataclasses.replace(enc[0], prompt=enc[0].prompt[:1] + enc[0].prompt[-400:])]  # BOS + the last 400
     bf16 = load_lm("gemma", device="cpu", precision="bf16", cache_dir=gemma_cache)
-    unit16 = scores(bf16, enc, ms_poe(bf16.model, min_ratio=1.0, max_ratio=1.0))
-    assert np.abs(unit16 - scores(bf16, enc)).max() < 0.1
+    unit16 = scores(bf16, short, ms_poe(bf16.model, min_ratio=1.0, max_ratio=1.0))
+    assert np.abs(unit16 - scores(lm, short)).max() < 0.1
