@@ -109,8 +109,10 @@ def installed(wheel, tmp_path_factory):
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True, env=env).stdout.strip()
     Path(purelib, "_posbias_test_dependencies.pth").write_text("\n".join(_outer_site_packages()) + "\n")
+    # A cache of its own, as a new user's: posbias's (the assembled Gemma GGUF, cached scores) would
+    # otherwise persist in the home folder and make a later run read scores instead of computing them.
     env.update(OFFLINE, PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), XDG_CACHE_HOME=str(tmp_path_factory.mktemp("cache")))
     work = tmp_path_factory.mktemp("user")
     where = subprocess.run([str(python), "-c", "import posbias; print(posbias.__file__)"], cwd=work, env=env,
                            check=True, capture_output=True, text=True).stdout.strip()
@@ -246,3 +248,4 @@ def test_documented_commands_run_from_the_installed_wheel(installed):
             assert done.returncode == 0, said
             assert "Traceback" not in done.stderr, said
     assert len(ran) < sum(len(documented_commands(doc)) for doc in DOCUMENTED)  # the shared lines ran once
+    assert list(Path(env["XDG_CACHE_HOME"], "posbias").rglob("*.gguf"))  # Gemma assembled anew, in this run's cache
