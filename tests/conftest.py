@@ -21,6 +21,16 @@ from helpers import DEMO_DEV, TINY_ENCODER, tiny_config  # noqa: E402
 from helpers.devices import accelerate_precision_unset, auto_device_is_cpu, device  # noqa: E402, F401
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cache_home(tmp_path_factory):
+    """XDG_CACHE_HOME in the session's temporary folder: posbias's default cache (checksums, converted
+    GGUFs, scores) and matplotlib's are never written to, or read from, the user's home."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from transformers import AutoTokenizer

@@ -25,7 +25,7 @@ from ..encoders import local_dir, open_tokenizer
 from ..errors import ConfigError
 from ..diagnoses import check_cache_dir
 from . import endpoint as E
-from .lm import GEMMA, INSTALL, check_gguf_header, file_sha256, load_lm
+from .lm import GEMMA, INSTALL, check_gguf_header, default_cache_dir, file_sha256, load_lm
 from .llama_server import INSTALL as SERVER_INSTALL
 from .llama_server import LlamaServer, check_server_args, find_server, server_version
 
@@ -96,7 +96,7 @@ def open_model(model, *, endpoint: str | None = None, backend: str = "auto", nee
         finally:
             lm.close()
         return
-    root = Path(cache_dir if cache_dir is not None else "~/.cache/posbias").expanduser()
+    root = default_cache_dir() if cache_dir is None else Path(cache_dir).expanduser()
     file, digest = gguf_file(str(model), root)
     version = server_version(exe)
     with LlamaServer(exe, file, slot_tokens=slot_tokens, parallel=concurrency, extra_args=extra) as srv:

@@ -94,7 +94,7 @@ class GenerationDiagnosis:
                        help=f"padded tokens per forward batch at most (default {BATCH_TOKENS}; raise it on a large GPU)")
         p.add_argument("--cache-dir", type=cli_args.folder, default=None,
                        help="scores and converted GGUF models are kept here, so a killed or repeated run resumes "
-                            "(default ~/.cache/posbias)")
+                            "(default $XDG_CACHE_HOME/posbias, else ~/.cache/posbias)")
         p.add_argument("--seed", type=cli_args.integer, default=0, help="the draw of questions and distractors (default 0)")
         cli_args.verdict_args(p, "questions")
         p.add_argument("--device", default="auto", help=cli_args.DEVICE_HELP)

@@ -39,6 +39,7 @@ from ..utils import atomic_write_json, check_ranges, now_iso, versions
 from . import benchmark as B
 from .paired import mean_interval, paired_difference, position_verdict, sentence, u_text
 from .cache import ScoreCache, item_key
+from .lm import default_cache_dir
 from .backend import BACKENDS, SLOT_SLACK, check_backend_options, open_model
 from .endpoint import PartialScores
 from .mspoe import LAYER_CHOICES, ORDERS as MSPOE_ORDERS, ms_poe, resolve_layers
@@ -73,14 +74,6 @@ def _check_choice(name: str, values, allowed) -> tuple:
         raise ConfigError(f"diagnose generation: {name} must be distinct values among {', '.join(allowed)}, "
                           f"got {', '.join(map(str, values))}")
     return values
-
-
-def default_cache_dir() -> Path:
-    """posbias's cache folder: $XDG_CACHE_HOME/posbias, else ~/.cache/posbias."""
-    import os
-
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "posbias"
 
 
 # ------------------------------------------------------------------------------------------ scoring

