@@ -126,8 +126,29 @@ def _is_e2e(item) -> bool:
     return False
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers
+# ---------------------------------------------------------------------------------- the longest first
+# A few tests take minutes each on 2 cores. pytest-xdist's `worksteal` (the Makefile's) gives each worker
+# a contiguous share of the collected tests and lets an idle worker steal from the tail of another's, so
+# a long test near the end of a share runs alone while the other workers wait for the session to end.
+# Each group below goes to the head of one worker's share instead; a module named whole moves whole (its
+# module-scoped fixtures are set up once). The Gemma tests share one group: the conversion both read is
+# made once, by the first, while the second would wait for it on another worker.
+LONG_FIRST = (
+    ("tests/core/test_wheel.py::",),  # a wheel, a venv and every documented command (~6 min)
+    ("tests/generation/test_lm.py::test_the_packaged_gemma_answers_from_its_context",  # the conversion
+     "tests/generation/test_mspoe.py::test_unit_ratios_give_the_real_gemma_back"),
+)
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
+    """The tiers' marker before `-m` deselects by it; the longest first once it has (the shares are of
+    what runs)."""
     for item in items:
         if _is_e2e(item):
             item.add_marker(pytest.mark.e2e)
+    result = yield
+    from helpers.order import long_first
+
+    items[:] = long_first(items, getattr(config, "workerinput", {}).get("workercount", 1), LONG_FIRST)
+    return result

@@ -1,0 +1,30 @@
+"""The order the tests run in: `long_first` puts named groups at the head of pytest-xdist's shares
+(tests/conftest.py's LONG_FIRST says which and why)."""
+from __future__ import annotations
+
+
+def xdist_shares(n: int, workers: int) -> list[int]:
+    """The sizes of the contiguous shares pytest-xdist's worksteal hands `workers` idle workers out of
+    `n` tests, in order (its `check_schedule`: each takes what is left divided by the workers left)."""
+    sizes = []
+    for i in range(workers):
+        sizes.append((n - sum(sizes)) // (workers - i))
+    return sizes
+
+
+def long_first(items: list, workers: int, groups) -> list:
+    """`items` reordered: group g of `groups` (node-id prefixes) at the head of share g % workers, in the
+    order collected; everything else keeps its order."""
+    heads = [[] for _ in range(workers)]
+    placed = set()
+    for g, prefixes in enumerate(groups):
+        for item in items:
+            if id(item) not in placed and item.nodeid.startswith(prefixes):
+                heads[g % workers].append(item)
+                placed.add(id(item))
+    rest = iter([item for item in items if id(item) not in placed])
+    out = []
+    for size, head in zip(xdist_shares(len(items), workers), heads):
+        out += head
+        out += [item for _, item in zip(range(size - len(head)), rest)]
+    return out + list(rest)
