@@ -8,6 +8,11 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One thread in each worker and in every process the tests start (the CLI, torchrun, the installed wheel's
+# commands, llama.cpp's server), whatever the caller's OMP_NUM_THREADS: three workers share two cores,
+# and a process with two threads under that load spins at each barrier waiting for the other (llama.cpp
+# scoring Gemma: 97 s of CPU with two threads beside two busy processes, 40 s with one).
+os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 from posbias.config import RESOURCES, build_config  # noqa: E402
