@@ -23,11 +23,11 @@ demo: $(STAMP)
 
 # Two tiers (docs/contributing.md, "Tests"): `make test` runs everything, `make test-fast` leaves out the
 # end-to-end tests (marked `e2e` by tests/conftest.py: a subprocess, a training, a real packaged model).
-# Both spread the tests over TEST_WORKERS processes (pytest-xdist; 0: one process, in order). Three on
-# two cores: the end-to-end tests wait on subprocesses, servers and signals, and a third worker fills
-# those waits (measured: benchmarks/results/test_suite.json).
+# Both spread the tests over TEST_WORKERS processes (pytest-xdist; 0: one process, in order): one per
+# core of a 2-core machine. Every process the tests start runs one thread (tests/conftest.py), so a
+# third worker on two cores only adds contention (measured: benchmarks/results/test_suite.json).
 # pytest exit code 5 = no tests collected: not a failure for these targets.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 test: $(STAMP)
 	@$(PY) -m pytest -q -ra $(XDIST); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
