@@ -183,13 +183,14 @@ def test_examples_run_against_the_installed_wheel(installed):
 # command lighter, never what makes it work.
 DOCUMENTED = ("README.md", "docs/getting-started.md")
 DOCUMENTED_COMMAND_ADDITIONS = {
-    "posbias train ": ["train.max_steps=2", "data.max_eval_examples=16"],   # 2 steps of MiniLM, not the preset's
-    "posbias demo": ["train.max_steps=2", "data.max_eval_examples=16"],
-    "posbias diagnose qa ": ["--bootstrap-samples", "200", "data.max_eval_examples=64"],
-    "posbias diagnose tagging ": ["--k-max", "2", "--bootstrap-samples", "200"],
+    # 2 steps of MiniLM on 2 examples, not the preset's (2 steps of 16 windows of 256 tokens: 9 s of CPU)
+    "posbias train ": ["train.max_steps=2", "train.batch_size=2", "data.max_eval_examples=16"],
+    "posbias demo": ["train.max_steps=2", "train.batch_size=2", "data.max_eval_examples=16"],
+    "posbias diagnose qa ": ["--bootstrap-samples", "200", "data.max_eval_examples=32"],
+    "posbias diagnose tagging ": ["--k-max", "2", "--modes", "duplicate", "--bootstrap-samples", "200"],
     "posbias diagnose retrieval ": ["--max-queries", "40", "--bootstrap-samples", "200"],
-    # Gemma, 9 prompts of 3 documents (40 s of CPU here, 80 s with the default 5 documents)
-    "posbias diagnose generation ": ["--max-questions", "3", "--k", "3", "--bootstrap-samples", "200"],
+    # Gemma through llama.cpp, 2 questions at 2 documents (16 s of CPU here; 37 s at 3 and 3)
+    "posbias diagnose generation ": ["--max-questions", "2", "--k", "2", "--bootstrap-samples", "200"],
     "posbias experiment report ": ["--bootstrap-samples", "200"],
 }
 # Lines of those blocks that are not posbias commands, and why the test leaves them out.
