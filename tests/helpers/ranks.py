@@ -1,6 +1,6 @@
 """Several CPU processes in one gloo group, for the tests of what posbias does per rank
-(tests/core/test_ranks.py): `run_ranks(fn, world)` runs the module-level `fn(rank, world, *args)`
-in `world` spawned processes, each with the environment torchrun gives (RANK, WORLD_SIZE,
+(tests/core/test_multiprocess.py): `run_ranks(fn, world)` runs the module-level `fn(rank, world, *args)`
+in `world` new processes (`_context`), each with the environment torchrun gives (RANK, WORLD_SIZE,
 MASTER_ADDR/PORT), and returns each rank's result; a process that has not finished within
 `timeout` seconds (a hang in a collective) is killed and reported.
 """
@@ -42,10 +42,29 @@ def _worker(rank: int, world: int, port: int, fn, args, results) -> None:
             dist.destroy_process_group()
 
 
+# What the rank bodies below import, loaded once by the forkserver (see `_context`).
+_PRELOAD = ["torch", "torch.distributed", "accelerate", "transformers.modeling_utils", "helpers", "helpers.ranks",
+            "posbias.training", "posbias.qa.model", "posbias.qa.evaluate", "posbias.hf", "posbias.cli"]
+
+
+def _context():
+    """forkserver where the platform has one: its server, a fresh single-threaded interpreter started
+    once per test process, imports `_PRELOAD`, and every rank forks from it, instead of importing torch,
+    transformers and posbias anew as a spawned process does (about 5 s of CPU a rank). spawn elsewhere.
+    A rank gets the environment of the moment the server started plus what `_worker` sets."""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 def run_ranks(fn, world: int = 2, *args, timeout: float = 120.0) -> list:
     """[fn(0, world, *args), ..., fn(world - 1, world, *args)], each in its own process of a gloo
     group (set up by `fn`, e.g. through `accelerate.PartialState(cpu=True)`)."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, results), daemon=True) for r in range(world)]
