@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from helpers import assert_close_to_scale
 from posbias.config import RESOURCES
 from posbias.errors import ConfigError
 from posbias.generation import lm as lm_module
-from posbias.generation.lm import MARKER, file_sha256, load_lm
+from posbias.generation.lm import MARKER, file_sha256, load_lm, packaged_gemma
 from tests.generation.tiny import write_gguf
 
 TOKENIZER = RESOURCES / "tiny_bpe_gpt2"
@@ -332,5 +333,6 @@ def test_the_packaged_gemma_answers_from_its_context(gemma_cache):
         out = lm.model.generate(**enc, max_new_tokens=12, do_sample=False)
     answer = lm.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     assert "Eiffel" in answer, answer
-    cached = load_lm("gemma", device="cpu", precision="fp32", cache_dir=cache)  # no assembly, no conversion
-    assert cached.folder == lm.folder and cached.fingerprint == lm.fingerprint
+    # What a second load_lm finds (in any precision): the cached folder, without assembling or converting.
+    folder, digest = packaged_gemma(cache, "--model")
+    assert Path(folder).resolve() == Path(lm.folder).resolve() and digest[:16] == lm.fingerprint
