@@ -48,17 +48,15 @@ def test_minilm_tokenizer_labels_every_question(minilm, dev_examples):
 
 
 def test_demo_command_runs_end_to_end(tmp_path):
-    """`posbias demo` (what `make demo` runs) on a few steps of the bundled data with the real MiniLM."""
+    """`posbias demo` (what `make demo` runs) on a few steps of the bundled data with the real MiniLM, in
+    this process (`cli_here`; the installed wheel's test runs it as a command)."""
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
+
+    from helpers import cli_here
 
     out = tmp_path / "demo"
-    r = subprocess.run([str(Path(sys.executable).parent / "posbias"), "demo", "--output-dir", str(out),
-                        "train.max_steps=2", "data.max_train_examples=32", "data.max_eval_examples=16",
-                        "data.max_seq_len=128", "data.stride=48"],
-                       capture_output=True, text=True, timeout=600)
+    r = cli_here("demo", "--output-dir", out, "train.max_steps=2", "data.max_train_examples=32",
+                 "data.max_eval_examples=16", "data.max_seq_len=128", "data.stride=48")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "F1" in r.stdout and str(out) in r.stdout
     for f in ("best/model.safetensors", "eval/predictions.json", "eval/metrics.json", "run_info.json"):

@@ -171,9 +171,7 @@ def test_examples_run_against_the_installed_wheel(installed):
          "--dev", "demo:dev", "--out", "hf_qa", "--max-steps", "2", "--batch-size", "4", "--max-length", "128",
          "--stride", "32")
     assert (work / "hf_qa" / "diagnosis" / "diagnosis.json").is_file()
-    said = _run(installed, "python", "hf_ner_trainer.py", "--model", "minilm", "--train", "missing.conll",
-                "--dev", "demo:wnut-dev", "--out", "x", rc=2).stderr
-    assert said.strip() == "hf_ner_trainer.py: error: missing.conll: cannot read file: No such file or directory"
+    # The scripts' one-line refusals: tests/fronts/test_examples.py.
 
 
 # ---- the documented commands: README.md and docs/getting-started.md promise that each `posbias`
@@ -188,7 +186,7 @@ DOCUMENTED_COMMAND_ADDITIONS = {
     "posbias demo": ["train.max_steps=2", "train.batch_size=2", "data.max_eval_examples=16"],
     "posbias diagnose qa ": ["--bootstrap-samples", "200", "data.max_eval_examples=32"],
     "posbias diagnose tagging ": ["--k-max", "2", "--modes", "duplicate", "--bootstrap-samples", "200"],
-    "posbias diagnose retrieval ": ["--max-queries", "40", "--bootstrap-samples", "200"],
+    "posbias diagnose retrieval ": ["--max-queries", "20", "--bootstrap-samples", "200"],
     # Gemma through llama.cpp, 2 questions at 2 documents (16 s of CPU here; 37 s at 3 and 3)
     "posbias diagnose generation ": ["--max-questions", "2", "--k", "2", "--bootstrap-samples", "200"],
     "posbias experiment report ": ["--bootstrap-samples", "200"],
