@@ -9,7 +9,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # One thread in each worker and in every process the tests start (the CLI, torchrun, the installed wheel's
-# commands, llama.cpp's server), whatever the caller's OMP_NUM_THREADS: three workers share two cores,
+# commands, llama.cpp's server), whatever the caller's OMP_NUM_THREADS: the workers keep every core busy,
 # and a process with two threads under that load spins at each barrier waiting for the other (llama.cpp
 # scoring Gemma: 97 s of CPU with two threads beside two busy processes, 40 s with one).
 os.environ["OMP_NUM_THREADS"] = "1"
