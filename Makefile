@@ -24,8 +24,8 @@ demo: $(STAMP)
 # Two tiers (docs/contributing.md, "Tests"): `make test` runs everything, `make test-fast` leaves out the
 # end-to-end tests (marked `e2e` by tests/conftest.py: a subprocess, a training, a real packaged model).
 # Both spread the tests over TEST_WORKERS processes (pytest-xdist; 0: one process, in order): one per
-# core of a 2-core machine. Every process the tests start runs one thread (tests/conftest.py), so a
-# third worker on two cores only adds contention (measured: benchmarks/results/test_suite.json).
+# core of a 2-core machine. Every process the tests start runs one thread (tests/conftest.py); a third
+# worker on two cores was slower (earlier code) or no faster with more CPU (benchmarks/results/test_suite.json).
 # pytest exit code 5 = no tests collected: not a failure for these targets.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
