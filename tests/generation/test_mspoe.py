@@ -361,9 +361,8 @@ def _eager(model):
 @pytest.mark.integration
 def test_unit_ratios_give_the_real_gemma_back(gemma_cache):
     """Gemma 3 270M, two 4-document prompts of the bundled SQuAD dev slice (714 and 800 tokens, past the
-    512-token sliding window of its local layers): Ms-PoE at ratio 1 on the layers
-    the diagnosis patches (global, the default) and on the authors' layers equals the unmodified model to
-    the bit in fp32 (both in eager attention), and the diagnosis's sdpa scores within 1e-4 nats per token.
+    512-token sliding window of its local layers): Ms-PoE at ratio 1 on the layers the diagnosis patches
+    (global, the default) and on the authors' layers equals the unmodified model to the bit in fp32 (both in eager attention), and the diagnosis's sdpa scores within 1e-4 nats per token.
     In bf16 it stays within 0.1 nats of the fp32 scores on a 200-token prompt (measured 0.016, where bf16
     sdpa moves the same score by 0.012): a check of bf16's precision through the patch, not of the ratios
     (the fp32 checks are), on a short prompt because bf16 without native instructions (AVX2-only CPUs)
