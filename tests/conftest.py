@@ -80,8 +80,8 @@ def tiny_bert_folder(tmp_path_factory):
 E2E_CALLS = ("run_cli(", "subprocess.", "Popen(", "experiment_run(", "posbias.train(", "api.train(",
              "posbias.demo(", "train_run(", "train_model(", ".train(cfg", "trained_checkpoint", "_cli(",
              '"minilm"', "'minilm'", '"gemma"', "gemma_cache", ".start(", "run_example(", "_example(",
-             "trainer.train(", "Trainer(", "torch.multiprocessing", "mp.spawn", "torchrun", "require_llama(",
-             "require_transformers_serve(")
+             "trainer.train(", "Trainer(", "torch.multiprocessing", "mp.spawn", "torchrun", "run_ranks(",
+             "require_llama(", "require_transformers_serve(")
 
 
 import re  # noqa: E402
@@ -137,9 +137,11 @@ def _is_e2e(item) -> bool:
 # a long test near the end of a share runs alone while the other workers wait for the session to end.
 # Each group below goes to the head of one worker's share instead; a module named whole moves whole (its
 # module-scoped fixtures are set up once). The Gemma tests share one group: the conversion both read is
-# made once, by the first, while the second would wait for it on another worker.
+# made once, by the first, while the second would wait for it on another worker. Within each share, the
+# modules holding an end-to-end test run before those holding none, so that what is left to steal at the
+# end is short (a module of 8-20 s tests last in a share kept one worker busy ~25 s after the other).
 LONG_FIRST = (
-    ("tests/core/test_wheel.py::",),  # a wheel, a venv and every documented command (~6 min)
+    ("tests/core/test_wheel.py::",),  # a wheel, a venv and every documented command (~2.5 min)
     ("tests/generation/test_lm.py::test_the_packaged_gemma_answers_from_its_context",  # the conversion
      "tests/generation/test_mspoe.py::test_unit_ratios_give_the_real_gemma_back"),
 )
@@ -147,13 +149,14 @@ LONG_FIRST = (
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
-    """The tiers' marker before `-m` deselects by it; the longest first once it has (the shares are of
-    what runs)."""
+    """The tiers' marker before `-m` deselects by it; the longest first, and the end-to-end modules before
+    the unit ones, once it has (the shares are of what runs)."""
     for item in items:
         if _is_e2e(item):
             item.add_marker(pytest.mark.e2e)
     result = yield
     from helpers.order import long_first
 
-    items[:] = long_first(items, getattr(config, "workerinput", {}).get("workercount", 1), LONG_FIRST)
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    items[:] = long_first(items, workers, LONG_FIRST, slow=lambda item: item.get_closest_marker("e2e") is not None)
     return result

@@ -67,3 +67,28 @@ def test_groups_missing_from_the_run_leave_the_order_alone():
     """`-m "not e2e"` or `-k` deselected them: the shares are the collection's, unchanged."""
     rest = _items(*[f"tests/a/test_{i:02d}.py::t" for i in range(10)])
     assert long_first(rest, 3, GROUPS) == rest
+
+
+def test_within_a_share_the_modules_holding_a_slow_test_run_first():
+    """The unit modules end each share: an idle worker steals short tests from the tail, not the last
+    minute of someone's end-to-end module. Modules stay whole and in their order."""
+    share = _items("tests/a/test_u.py::x", "tests/a/test_u.py::y", "tests/b/test_s.py::fast",
+                   "tests/b/test_s.py::slow", "tests/c/test_u.py::z", "tests/d/test_s.py::slow")
+    slow = {"tests/b/test_s.py::slow", "tests/d/test_s.py::slow"}
+    ordered = [i.nodeid for i in long_first(share, 1, (), slow=lambda item: item.nodeid in slow)]
+    assert ordered == ["tests/b/test_s.py::fast", "tests/b/test_s.py::slow", "tests/d/test_s.py::slow",
+                       "tests/a/test_u.py::x", "tests/a/test_u.py::y", "tests/c/test_u.py::z"]
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_the_slow_modules_lead_every_share_after_its_group(workers):
+    collected = _items(*[f"tests/u/test_{i:02d}.py::t" for i in range(12)], "tests/s/test_a.py::t",
+                       "tests/s/test_b.py::t", *[f"tests/v/test_{i:02d}.py::t" for i in range(12)],
+                       "tests/s/test_c.py::t")
+    ordered = long_first(collected, workers, (), slow=lambda item: item.nodeid.startswith("tests/s/"))
+    assert sorted(i.nodeid for i in ordered) == sorted(i.nodeid for i in collected)
+    start = 0
+    for size in xdist_shares(len(collected), workers):
+        share = [i.nodeid.startswith("tests/s/") for i in ordered[start:start + size]]
+        assert share == sorted(share, reverse=True)  # every slow one before every other
+        start += size

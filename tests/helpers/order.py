@@ -1,5 +1,6 @@
-"""The order the tests run in: `long_first` puts named groups at the head of pytest-xdist's shares
-(tests/conftest.py's LONG_FIRST says which and why)."""
+"""The order the tests run in: `long_first` puts named groups at the head of pytest-xdist's shares and
+the modules holding a slow test before the others within each share (tests/conftest.py's LONG_FIRST
+says which and why)."""
 from __future__ import annotations
 
 
@@ -12,9 +13,20 @@ def xdist_shares(n: int, workers: int) -> list[int]:
     return sizes
 
 
-def long_first(items: list, workers: int, groups) -> list:
+def slow_modules_first(items: list, slow) -> list:
+    """`items` with the modules holding an item `slow(item)` is true of before the others, each module's
+    items together and in the order collected."""
+    modules: dict = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    ordered = sorted(modules.values(), key=lambda group: not any(slow(item) for item in group))  # stable
+    return [item for group in ordered for item in group]
+
+
+def long_first(items: list, workers: int, groups, slow=None) -> list:
     """`items` reordered: group g of `groups` (node-id prefixes) at the head of share g % workers, in the
-    order collected; everything else keeps its order."""
+    order collected; with `slow` (a predicate), the rest of each share has the modules holding a slow
+    item first (`slow_modules_first`); everything else keeps its order."""
     heads = [[] for _ in range(workers)]
     placed = set()
     for g, prefixes in enumerate(groups):
@@ -25,6 +37,6 @@ def long_first(items: list, workers: int, groups) -> list:
     rest = iter([item for item in items if id(item) not in placed])
     out = []
     for size, head in zip(xdist_shares(len(items), workers), heads):
-        out += head
-        out += [item for _, item in zip(range(size - len(head)), rest)]
+        share = [item for _, item in zip(range(size - len(head)), rest)]
+        out += head + (slow_modules_first(share, slow) if slow else share)
     return out + list(rest)
