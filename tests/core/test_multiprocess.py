@@ -5,8 +5,6 @@ processes, the F1(alpha) callback's metrics on every process, and the commands a
 refuse to run as several processes."""
 import json
 import os
-import socket
-import subprocess
 
 import pytest
 import yaml
@@ -16,9 +14,10 @@ import posbias
 from posbias.config import build_config
 from posbias.errors import ConfigError
 
-from helpers import BIN, CPU_ONLY_ENV, DEMO_DEV, assert_close_to_scale, run_cli, tiny_config
+from helpers import DEMO_DEV, assert_close_to_scale, run_cli, tiny_config
 from helpers.hf import SENTENCES
-from helpers.ranks import callback_metrics, evaluate_few_windows, merged_update_counts, process_group_lifetime, run_ranks
+from helpers.ranks import (callback_metrics, cli_command, evaluate_few_windows, merged_update_counts,
+                           process_group_lifetime, run_ranks)
 
 
 def test_position_updates_count_a_step_once_when_any_process_saw_the_position():
@@ -56,9 +55,10 @@ def test_the_process_group_outlives_api_runs_and_the_cli_ends_it(tmp_path):
 
 
 def test_two_processes_train_as_one_with_gradient_accumulation(tmp_path):
-    """torchrun, 2 CPU processes, train.grad_accum 1 vs one process with grad_accum 2: the same global
-    batches per step, so the same RPP shifts (the draws are the global batch's, not the
-    step's or the process's) and the same position_updates.json (every process's batches counted)."""
+    """`posbias train` as 2 CPU processes (gloo, each started as torchrun starts a rank), train.grad_accum
+    1 vs one process with grad_accum 2: the same global batches per step, so the same RPP shifts (the
+    draws are the global batch's, not the step's or the process's) and the same position_updates.json
+    (every process's batches counted)."""
     def config(name, accum):
         cfg = tiny_config(tmp_path, data={"eval_file": None},
                           train={"output_dir": str(tmp_path / name), "max_steps": 3, "grad_accum": accum,
@@ -70,14 +70,8 @@ def test_two_processes_train_as_one_with_gradient_accumulation(tmp_path):
     posbias.train(build_config(config("one", 2)), progress=False)
     path = tmp_path / "two.yaml"
     path.write_text(yaml.safe_dump(config("two", 1)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **CPU_ONLY_ENV}
-    with socket.socket() as sock:  # a free port for the rendezvous
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port),
-                        "-m", "posbias", "train", "qa", "-c", str(path)],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in run_ranks(cli_command, 2, ["train", "qa", "-c", path], timeout=300):
+        assert rank["code"] == 0, rank["stderr"][-3000:]
 
     def read(name, file):
         return json.loads((tmp_path / name / file).read_text(encoding="utf-8"))

@@ -166,31 +166,25 @@ def test_deterministic_runs_set_the_flags_for_the_run_only_and_repeat_bit_for_bi
 
 @pytest.mark.slow
 def test_a_one_process_checkpoint_resumed_by_torchrun_with_two_is_refused(tmp_path):
-    """The real thing: `torchrun --nproc_per_node 2 ... --resume auto` on a one-process run's
-    checkpoint fails with the one line, and leaves the run as it was (finished at step 2)."""
+    """The real thing: `posbias train ... --resume auto` in 2 processes of a gloo group (each started as
+    torchrun starts a rank) on a one-process run's checkpoint fails with the one line on both, and
+    leaves the run as it was (finished at step 2)."""
     import json
-    import os
-    import socket
-    import subprocess
 
     import posbias
     from posbias.config import build_config
 
-    from helpers import BIN, tiny_config
+    from helpers import tiny_config
+    from helpers.ranks import cli_command, run_ranks
 
     d = tiny_config(tmp_path, train={"max_steps": 2, "save_every": 1}, data={"eval_file": None})
     posbias.train(build_config(d), progress=False)
     d["train"]["max_steps"] = 4
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps(d), encoding="utf-8")
-    with socket.socket() as sock:  # a free port for the rendezvous
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port), "-m", "posbias",
-                        "train", "qa", "-c", str(path), "--resume", "auto"], capture_output=True, text=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, timeout=600)
-    assert r.returncode != 0
-    assert "saved by 1 process and this run has 2; resume with 1" in r.stderr, r.stderr[-3000:]
+    for rank in run_ranks(cli_command, 2, ["train", "qa", "-c", path, "--resume", "auto"], timeout=300):
+        assert rank["code"] == 2
+        assert "saved by 1 process and this run has 2; resume with 1" in rank["stderr"], rank["stderr"][-3000:]
     info = json.loads((tmp_path / "run" / "run_info.json").read_text(encoding="utf-8"))
     assert info["status"] == "finished" and info["summary"]["steps"] == 2
 

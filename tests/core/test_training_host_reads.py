@@ -198,51 +198,18 @@ def test_no_host_sync_per_step_on_cuda(tmp_path, device, monkeypatch):
     assert not found, found
 
 
-NAN_ON_RANK_1 = """
-import os, sys
-import posbias
-from posbias import training
-from posbias.config import load_config
-
-calls = {"n": 0}
-real = training.passes_loss
-
-def passes_loss(model, passes, targets):
-    calls["n"] += 1
-    loss = real(model, passes, targets)
-    return loss * float("nan") if calls["n"] == 2 and os.environ["RANK"] == "1" else loss
-
-training.passes_loss = passes_loss
-posbias.train(load_config(sys.argv[1]), progress=False)
-"""
-
-
 @pytest.mark.slow
 def test_a_nan_loss_on_one_of_two_processes_stops_both_at_the_next_read(tmp_path):
     """Two CPU processes (gloo): rank 1's loss is NaN at step 2; at the next log line (step 4) both
     stop, rank 1 naming its value, rank 0 the other process, both at step 2; nothing hangs."""
-    import socket
-    import subprocess
-
-    import yaml
-
-    from helpers import BIN
+    from helpers.ranks import nan_loss_on_rank_1, run_ranks
 
     d = tiny_config(tmp_path, data={"eval_file": None})
     d["train"].update(max_steps=8, log_every=4)
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(d))
-    (tmp_path / "drive.py").write_text(NAN_ON_RANK_1)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([os.path.dirname(POSBIAS), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port),
-                        str(tmp_path / "drive.py"), str(tmp_path / "cfg.yaml")],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode != 0
-    assert "the training loss is nan at step 2" in r.stderr, r.stderr[-3000:]
-    assert "the training loss of another process is not finite at step 2" in r.stderr, r.stderr[-3000:]
+    zero, one = run_ranks(nan_loss_on_rank_1, 2, d, 2, timeout=300)
+    assert zero["raised"] == one["raised"] == "TrainingError"
+    assert "the training loss is nan at step 2" in one["message"], one
+    assert "the training loss of another process is not finite at step 2" in zero["message"], zero
     info = json.loads((tmp_path / "run" / "run_info.json").read_text())
     assert info["status"] == "failed" and "step 2" in info["error"]
     assert not (tmp_path / "run" / "train_log.jsonl").exists()  # the step-4 line was never written

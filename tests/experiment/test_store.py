@@ -18,7 +18,7 @@ from posbias.config import PRESETS
 from posbias.errors import ConfigError
 from posbias.experiment import copy_results, load_results
 
-from helpers import BIN, CPU_ONLY_ENV, cli_here
+from helpers import CPU_ONLY_ENV, cli_here
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the tests hold locks with POSIX processes")
 
@@ -48,18 +48,20 @@ def logged_steps(exp_dir, run: str) -> list[int]:
     return [json.loads(line)["step"] for line in log.splitlines()]
 
 
-@pytest.mark.slow  # three processes each importing torch: 30-45 s on 2 shared cores
+@pytest.mark.slow
 def test_concurrent_processes_split_the_grid_like_one_process(tmp_path):
-    """Three `experiment run` processes on one folder: each run trained by exactly one of them, every
-    process returns when the whole grid is done, and the store equals a single process's."""
+    """Three `posbias experiment run` processes on one folder, started together (forked from one that
+    imported torch and posbias, helpers.ranks): each run trained by exactly one of them, every process
+    returns when the whole grid is done, and the store equals a single process's."""
+    from helpers.ranks import cli_command, run_ranks
+
     spec = tiny_spec(tmp_path)
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    procs = [subprocess.Popen([str(BIN / "posbias"), "experiment", "run", str(path)], env=ENV, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
+    done = run_ranks(cli_command, 3, ["experiment", "run", path], timeout=300, group=False)
+    outs = [(d["stdout"], d["stderr"]) for d in done]
+    for d in done:
+        assert d["code"] == 0, d["stderr"][-3000:]
     ran = [int(re.search(r"ran (\d+), skipped (\d+) finished(?:, (\d+) finished by other processes)?", out)[1])
            for out, _ in outs]
     assert sum(ran) == 4, [out for out, _ in outs]  # no run trained twice, none left out

@@ -2,7 +2,8 @@
 (tests/core/test_multiprocess.py): `run_ranks(fn, world)` runs the module-level `fn(rank, world, *args)`
 in `world` new processes (`_context`), each with the environment torchrun gives (RANK, WORLD_SIZE,
 MASTER_ADDR/PORT), and returns each rank's result; a process that has not finished within
-`timeout` seconds (a hang in a collective) is killed and reported.
+`timeout` seconds (a hang in a collective) is killed and reported. `group=False` starts independent
+processes the same way (several `posbias` commands on one folder).
 """
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, fn, args, results) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-                      CUDA_VISIBLE_DEVICES="")
+def _worker(rank: int, world: int, port: int | None, fn, args, results) -> None:
+    if port is not None:  # a rank of a group, as torchrun starts it
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
     import torch
 
     torch.set_num_threads(1)
@@ -61,12 +63,13 @@ def _context():
     return ctx
 
 
-def run_ranks(fn, world: int = 2, *args, timeout: float = 120.0) -> list:
+def run_ranks(fn, world: int = 2, *args, timeout: float = 120.0, group: bool = True) -> list:
     """[fn(0, world, *args), ..., fn(world - 1, world, *args)], each in its own process of a gloo
-    group (set up by `fn`, e.g. through `accelerate.PartialState(cpu=True)`)."""
+    group (set up by `fn`, e.g. through `accelerate.PartialState(cpu=True)`); with `group=False`,
+    independent processes, without torchrun's environment (several users of one folder)."""
     ctx = _context()
     results = ctx.Queue()
-    port = _free_port()
+    port = _free_port() if group else None
     procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, results), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
@@ -196,3 +199,44 @@ def process_group_lifetime(rank: int, world: int, first: dict, second: dict, cli
     return {"after_first": after_first, "after_second": after_second, "second_steps": second_summary["steps"],
             "cli_code": code, "after_cli": dist.is_initialized(), "threads_before": threads_before,
             "threads_after": _gloo_threads()}
+
+
+def cli_command(rank: int, world: int, argv: list) -> dict:
+    """`posbias ARGV` in this rank's process, as `torchrun -m posbias ARGV` starts each rank (the
+    launcher itself is checked once, in tests/qa/test_end_to_end.py), or as a process of its own
+    (`run_ranks(..., group=False)`): its exit code and output."""
+    import contextlib
+    import io
+
+    from posbias.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:  # argparse's errors
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return {"code": code or 0, "stdout": out.getvalue(), "stderr": err.getvalue()}
+
+
+def nan_loss_on_rank_1(rank: int, world: int, config: dict, step: int) -> dict:
+    """`posbias.train(config)` with rank 1's loss made NaN at its `step`-th training pass: what
+    each rank raised (its type and message), or None."""
+    import posbias
+    from posbias import training
+    from posbias.config import build_config
+
+    calls = {"n": 0}
+    real = training.passes_loss
+
+    def passes_loss(model, passes, targets):
+        calls["n"] += 1
+        loss = real(model, passes, targets)
+        return loss * float("nan") if calls["n"] == step and rank == 1 else loss
+
+    training.passes_loss = passes_loss  # this rank's own process: nothing to put back
+    try:
+        posbias.train(build_config(config), progress=False)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return {"raised": type(e).__name__, "message": str(e)}
+    return {"raised": None, "message": ""}

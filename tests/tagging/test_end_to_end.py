@@ -1,9 +1,6 @@
 """Tagging through the CLI and the API: train -> evaluate -> score -> predict -> export, resume,
 data stats, bad input, two processes."""
 import json
-import os
-import socket
-import subprocess
 
 import pytest
 import torch
@@ -13,7 +10,7 @@ from safetensors.torch import load_file
 import posbias
 from posbias.config import build_config, config_from
 
-from helpers import BIN, CPU_ONLY_ENV, INTERRUPT, cli_here, run_cli
+from helpers import INTERRUPT, cli_here, run_cli
 
 
 
@@ -159,20 +156,19 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_tagging_with_torchrun(tmp_path):
+def test_two_process_tagging(tmp_path):
+    """`posbias train tagging` as 2 CPU processes of a gloo group, each started as torchrun starts a rank
+    (the launcher itself: tests/qa/test_end_to_end.py): both ranks train, rank 0 writes the outputs,
+    and the evaluation gathers both ranks' sentences."""
+    from helpers.ranks import cli_command, run_ranks
+
     cfg = config_from("tiny_tagging").to_dict()
     cfg["train"].update(output_dir=str(tmp_path / "run"), max_steps=3, eval_every=3)
     cfg["data"]["max_eval_examples"] = 50
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **CPU_ONLY_ENV}  # gloo, also on a GPU box
-    r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port),
-                        "-m", "posbias", "train", "tagging", "-c", str(path)],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in run_ranks(cli_command, 2, ["train", "tagging", "-c", path], timeout=300):
+        assert rank["code"] == 0, rank["stderr"][-3000:]
     info = json.loads((tmp_path / "run" / "run_info.json").read_text(encoding="utf-8"))
     assert info["world_size"] == 2 and info["summary"]["steps"] == 3
     metrics = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text(encoding="utf-8"))
