@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import outputs
-from .config import PRESETS, RunConfig, config_from, load_yaml, resolve_path
+from .config import DEFAULT_TASK, PRESETS, RunConfig, config_from, load_yaml, resolve_path
 from .errors import ConfigError, DataError
 from .hf_datasets import dataset_name, is_dataset_dict, is_hf_dataset
 from .registry import DIAGNOSES
@@ -151,7 +151,7 @@ def predict(model, question: str | None = None, context: str | None = None, data
                                 **given)
 
 
-def score(data, predictions, na_probs=None, version: str = "auto", task: str = "qa", **options) -> dict:
+def score(data, predictions, na_probs=None, version: str = "auto", task: str = DEFAULT_TASK, **options) -> dict:
     """Score a predictions file against a gold file, without a model (`posbias score`).
 
     Args:
