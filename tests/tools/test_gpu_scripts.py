@@ -15,7 +15,8 @@ from posbias.config import RESOURCES
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu" / "throughput.py"
 LANES = ROOT / "tools" / "gpu" / "lanes.py"
-QUEUE_SPECS = sorted(ROOT.glob("reproductions/*/*_full.yaml"))  # the GPU queue's items, each beside its paper's specs
+# The GPU queue's items, each beside its paper's specs (a variant of an item: NAME_full_VARIANT.yaml).
+QUEUE_SPECS = sorted({*ROOT.glob("reproductions/*/*_full.yaml"), *ROOT.glob("reproductions/*/*_full_*.yaml")})
 SMOKE = RESOURCES.parent / "configs" / "experiments" / "smoke.yaml"  # 2 methods x 2 seeds, 6 steps
 
 
@@ -143,6 +144,24 @@ def test_remote_item_orders_the_dyref_queue(tmp_path):
     names = {r.name for r in load_experiment(str(spec), output_dir=str(tmp_path / "x")).runs}
     every = _remote_groups(tmp_path / "c", "dyref_full")
     assert {r for g in every for r in g.split(",")} == names  # the default queue is the whole grid, once
+
+
+def test_the_random_padding_control_at_full_scale_is_rp_full_with_the_rear_ids_drawn_anew(tmp_path):
+    """Queue item 3: rp_full_reinit's runs are rp_full's (data, recipe, names, lane groups), with the ids
+    from 134 on re-initialised, the first id none of rp_full's training windows reaches (measured with
+    reproductions/longest_window.py on the data tools/gpu/pack.sh builds; its comment says how)."""
+    from posbias.experiment import load_experiment
+
+    base, control = (load_experiment(str(ROOT / "reproductions" / "random_padding" / f"{n}.yaml"),
+                                     output_dir=str(tmp_path / n)).runs for n in ("rp_full", "rp_full_reinit"))
+    assert [r.name for r in control] == [r.name for r in base]
+    for a, b in zip(base, control):
+        da, db = a.config.to_dict(), b.config.to_dict()
+        assert db["model"].pop("reinit_positions_from") == 134 and da["model"].pop("reinit_positions_from") is None
+        da["train"].pop("output_dir"), db["train"].pop("output_dir")
+        assert da == db
+    assert _remote_groups(tmp_path / "g", "rp_full_reinit", SEEDS="1") == [
+        "baseline/seed1,random_padding/seed1,random_padding_k64/seed1"]
 
 
 def test_lanes_expect_a_run_to_take_what_one_of_its_data_set_took():
