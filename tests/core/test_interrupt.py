@@ -64,7 +64,8 @@ def _json(path):
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
-def test_a_signalled_train_saves_its_step_and_resumes_to_the_uninterrupted_result(tmp_path, signum, code):
+def test_a_signalled_train_saves_its_step_and_resumes_to_the_uninterrupted_result(tmp_path, signum, code,
+                                                                                   monkeypatch):
     # No train.save_every: the checkpoint at the interruption is the only one before the end.
     d = tiny_config(tmp_path, train={"max_steps": STEPS}, data={"eval_file": None})
     d["perturb"] = [{"name": "_test_slow"}]
@@ -85,6 +86,7 @@ def test_a_signalled_train_saves_its_step_and_resumes_to_the_uninterrupted_resul
     assert f"posbias: {signal.Signals(signum).name}: the run stopped at step {stopped}/{STEPS}" in err
     assert not (run / "best").exists() and not (run / "checkpoints" / "last.tmp").exists()
 
+    monkeypatch.setattr(helpers.slow, "WAIT_S", 0.0)  # the runs in this process: nothing signals them
     cfg = build_config(d)
     summary = posbias.train(cfg, resume="auto", progress=False)
     assert summary["steps"] == STEPS and _json(run / "run_info.json")["status"] == "finished"
@@ -98,7 +100,7 @@ def test_a_signalled_train_saves_its_step_and_resumes_to_the_uninterrupted_resul
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
 
 
-def test_a_signalled_experiment_run_is_interrupted_in_its_store(tmp_path):
+def test_a_signalled_experiment_run_is_interrupted_in_its_store(tmp_path, monkeypatch):
     spec = {"name": "sig", "base": "tiny", "seeds": [1], "eval_sets": {}, "output_dir": str(tmp_path / "exp"),
             "overrides": {"train": {"max_steps": STEPS, "log_every": 1}, "perturb": [{"name": "_test_slow"}],
                           "data": {"eval_file": None, "max_train_examples": 48, "max_seq_len": 128, "stride": 48}},
@@ -115,6 +117,7 @@ def test_a_signalled_experiment_run_is_interrupted_in_its_store(tmp_path):
     stopped = _json(run / "checkpoints" / "last" / "trainer_state.json")["global_step"]
     assert 2 <= stopped < STEPS
 
+    monkeypatch.setattr(helpers.slow, "WAIT_S", 0.0)  # the run resumed in this process: nothing signals it
     resumed = posbias.experiment_run(tmp_path / "spec.yaml", progress=False)  # continues the interrupted run
     assert resumed["ran"] == ["slow/seed1"] and _json(run / "run_info.json")["resumed_at_step"] == stopped
     with sqlite3.connect(tmp_path / "exp" / "experiment.sqlite") as conn:

@@ -281,9 +281,9 @@ def test_run_queue_stops_what_the_deadline_cuts_off(tmp_path):
 
 
 def test_run_queue_stops_the_lowest_group_projected_past_the_deadline(tmp_path):
-    """Group 1's run would take hours at its measured rate: it is stopped; group 0's (5 s) finishes."""
+    """Group 1's run would take hours at its measured rate: it is stopped; group 0's (2 s) finishes."""
     quick, slow = tmp_path / "quick", tmp_path / "slow"
-    jobs = [cluster.LaneJob("quick", [sys.executable, "-c", _steps(100, 100, 0.05), str(quick)], env=ENV,
+    jobs = [cluster.LaneJob("quick", [sys.executable, "-c", _steps(100, 100, 0.02), str(quick)], env=ENV,
                             run_dir=quick),
             cluster.LaneJob("slow", [sys.executable, "-c", _steps(10**6, 10**6, 0.05), str(slow)], group=1, env=ENV,
                             run_dir=slow, new_session=True)]
