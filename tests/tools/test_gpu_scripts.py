@@ -146,21 +146,25 @@ def test_remote_item_orders_the_dyref_queue(tmp_path):
     assert {r for g in every for r in g.split(",")} == names  # the default queue is the whole grid, once
 
 
-def test_the_random_padding_control_at_full_scale_is_rp_full_with_the_rear_ids_drawn_anew(tmp_path):
-    """Queue item 3: rp_full_reinit's runs are rp_full's (data, recipe, names, lane groups), with the ids
-    from 134 on re-initialised, the first id none of rp_full's training windows reaches (measured with
-    reproductions/longest_window.py on the data tools/gpu/pack.sh builds; its comment says how)."""
+@pytest.mark.parametrize("variant, key, value", [("rp_full_reinit", ("model", "reinit_positions_from"), 134),
+                                                 ("rp_full_3ep", ("train", "epochs"), 3)])
+def test_the_random_padding_variants_are_rp_full_but_for_one_key(tmp_path, variant, key, value):
+    """Queue items 3 and 4: the runs are rp_full's (data, recipe, names, lane groups) but for one key: the
+    ids from 134 on re-initialised (the first id none of rp_full's training windows reaches, measured with
+    reproductions/longest_window.py on the data tools/gpu/pack.sh builds; the spec's comment says how), or
+    3 epochs instead of 2."""
     from posbias.experiment import load_experiment
 
-    base, control = (load_experiment(str(ROOT / "reproductions" / "random_padding" / f"{n}.yaml"),
-                                     output_dir=str(tmp_path / n)).runs for n in ("rp_full", "rp_full_reinit"))
-    assert [r.name for r in control] == [r.name for r in base]
-    for a, b in zip(base, control):
+    base, other = (load_experiment(str(ROOT / "reproductions" / "random_padding" / f"{n}.yaml"),
+                                   output_dir=str(tmp_path / n)).runs for n in ("rp_full", variant))
+    assert [r.name for r in other] == [r.name for r in base]
+    section, name = key
+    for a, b in zip(base, other):
         da, db = a.config.to_dict(), b.config.to_dict()
-        assert db["model"].pop("reinit_positions_from") == 134 and da["model"].pop("reinit_positions_from") is None
+        assert db[section].pop(name) == value and da[section].pop(name) != value
         da["train"].pop("output_dir"), db["train"].pop("output_dir")
         assert da == db
-    assert _remote_groups(tmp_path / "g", "rp_full_reinit", SEEDS="1") == [
+    assert _remote_groups(tmp_path / "g", variant, SEEDS="1") == [
         "baseline/seed1,random_padding/seed1,random_padding_k64/seed1"]
 
 

@@ -264,7 +264,7 @@ item() {
   [ "$name" = generation ] && { generation_item "$seconds"; return; }  # no lanes: one diagnosis at a time
   local spec=${SPEC:-$(spec_of "$name")} groups=()  # SPEC: another spec with the item's run names (to try the path)
   case "$name" in
-    rp_full|rp_full_reinit) for s in ${SEEDS:-1 2 3 4 5}; do  # METHODS="baseline random_padding": a pair, when 3 lanes do not fit
+    rp_full|rp_full_reinit|rp_full_3ep) for s in ${SEEDS:-1 2 3 4 5}; do  # METHODS="baseline random_padding": a pair, when 3 lanes do not fit
                g=""; for m in ${METHODS:-baseline random_padding random_padding_k64}; do g+="${g:+,}$m/seed$s"; done
                groups+=("$g"); done ;;
     tpb_conll_full) for s in ${SEEDS:-23456 34567 45678 56789 67890}; do groups+=("baseline/seed$s,rpp/seed$s,cp/seed$s"); done ;;
