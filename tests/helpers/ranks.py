@@ -204,19 +204,11 @@ def process_group_lifetime(rank: int, world: int, first: dict, second: dict, cli
 def cli_command(rank: int, world: int, argv: list) -> dict:
     """`posbias ARGV` in this rank's process, as `torchrun -m posbias ARGV` starts each rank (the
     launcher itself is checked once, in tests/qa/test_end_to_end.py), or as a process of its own
-    (`run_ranks(..., group=False)`): its exit code and output."""
-    import contextlib
-    import io
+    (`run_ranks(..., group=False)`): its exit code and output (`helpers.cli_here`'s, as a dict)."""
+    from helpers import cli_here
 
-    from posbias.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as e:  # argparse's errors
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    return {"code": code or 0, "stdout": out.getvalue(), "stderr": err.getvalue()}
+    done = cli_here(*argv)
+    return {"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 
 
 def nan_loss_on_rank_1(rank: int, world: int, config: dict, step: int) -> dict:
